@@ -1,0 +1,9 @@
+"""pallas-flash: exact, memory-lean FlashAttention for JAX, in Pallas."""
+
+from pallas_flash.api import IMPLEMENTATIONS as IMPLEMENTATIONS
+from pallas_flash.api import flash_attention as flash_attention
+from pallas_flash.configs import BlockwiseConfig as BlockwiseConfig
+from pallas_flash.configs import TritonBwdConfig as TritonBwdConfig
+from pallas_flash.configs import TritonConfig as TritonConfig
+
+__version__ = "0.1.0"

@@ -1,0 +1,145 @@
+"""The `"xla_blockwise"` backend: FlashAttention's algorithm in plain JAX, on any device.
+
+The same tiled online softmax as the kernels (FlashAttention Alg. 1), written as a
+`lax.scan` over key/value tiles: every query row stays resident and each step folds one
+tile into the running (m, l, acc). Its backward pass (used through vjp.py's custom_vjp)
+scans the tiles again and recomputes P from q, k and the logsumexp, so the temporary
+memory is B * N * T * block_kv scores, linear in the sequence length. GQA is computed
+by grouping query heads, never by repeating K and V.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_flash import masks
+from pallas_flash.configs import BlockwiseConfig
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+def _matmul_kwargs(dtype):
+    # Float32 inputs get exact products; 16-bit inputs multiply in their own dtype
+    # and accumulate in float32, as the kernels do.
+    if dtype == jnp.float32:
+        return dict(precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    return dict(preferred_element_type=jnp.float32)
+
+
+def _tiles(x, block: int):
+    """[B, S, K, H] -> [S_pad / block, B, block, K, H], zero padded."""
+    B, S, K, H = x.shape
+    s_pad = -(-S // block) * block
+    x = jnp.pad(x, [(0, 0), (0, s_pad - S), (0, 0), (0, 0)])
+    return jnp.moveaxis(x.reshape(B, s_pad // block, block, K, H), 1, 0)
+
+
+def _tile_keep(spec, j, block, seq_q, q_len, kv_len):
+    """Boolean [B, 1, 1, T, block] mask of key tile j."""
+    rows = jnp.arange(seq_q)[None, :, None]
+    cols = (j * block + jnp.arange(block))[None, None, :]
+    diag = masks.offset(spec, q_len, kv_len)[:, None, None]
+    keep = masks.tile_mask(spec, rows, cols, kv_len[:, None, None], diag)
+    return keep[:, None, None]
+
+
+def forward(q, k, v, q_len, kv_len, *, spec: masks.MaskSpec, scale: float, config: BlockwiseConfig):
+    """Returns O [B, T, N, H] in q's dtype and the logsumexp [B, N, T] float32."""
+    B, T, N, H = q.shape
+    _, S, K, _ = k.shape
+    G = N // K
+    block = min(config.block_kv, S)
+    mm = _matmul_kwargs(q.dtype)
+    qg = q.reshape(B, T, K, G, H)
+
+    def step(carry, xs):
+        acc, m_i, l_i = carry  # [B, K, G, T, H], [B, K, G, T], [B, K, G, T]
+        j, k_j, v_j = xs
+        s = jnp.einsum("btkgh,bskh->bkgts", qg, k_j, **mm) * (scale * LOG2E)
+        s = jnp.where(_tile_keep(spec, j, block, T, q_len, kv_len), s, -jnp.inf)
+        m_new = jnp.maximum(m_i, s.max(-1))
+        m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # empty so far: avoid inf - inf
+        alpha = jnp.exp2(m_i - m_use)
+        p = jnp.exp2(s - m_use[..., None])
+        l_i = l_i * alpha + p.sum(-1)
+        pv = jnp.einsum("bkgts,bskh->bkgth", p.astype(v_j.dtype), v_j, **mm)
+        return (acc * alpha[..., None] + pv, m_new, l_i), None
+
+    k_t, v_t = _tiles(k, block), _tiles(v, block)
+    init = (
+        jnp.zeros((B, K, G, T, H), jnp.float32),
+        jnp.full((B, K, G, T), -jnp.inf, jnp.float32),
+        jnp.zeros((B, K, G, T), jnp.float32),
+    )
+    (acc, m_i, l_i), _ = lax.scan(step, init, (jnp.arange(k_t.shape[0]), k_t, v_t))
+
+    q_valid = (jnp.arange(T)[None, :] < q_len[:, None])[:, None, None, :]  # [B, 1, 1, T]
+    empty = (l_i == 0.0) | ~q_valid
+    l_safe = jnp.where(empty, 1.0, l_i)
+    o = jnp.where(empty[..., None], 0.0, acc / l_safe[..., None])
+    lse = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(l_safe)) * LN2)
+    o = jnp.transpose(o, (0, 3, 1, 2, 4)).reshape(B, T, N, H).astype(q.dtype)
+    return o, lse.reshape(B, N, T)
+
+
+def backward(
+    q,
+    k,
+    v,
+    o,
+    lse,
+    do,
+    dlse,
+    q_len,
+    kv_len,
+    *,
+    spec: masks.MaskSpec,
+    scale: float,
+    config: BlockwiseConfig,
+):
+    """Returns dq, dk, dv in the dtypes of q, k, v."""
+    B, T, N, H = q.shape
+    _, S, K, _ = k.shape
+    G = N // K
+    block = min(config.block_kv, S)
+    mm = _matmul_kwargs(q.dtype)
+    qg = q.reshape(B, T, K, G, H)
+    dog = do.reshape(B, T, K, G, H)
+    delta = jnp.einsum(
+        "btnh,btnh->bnt",
+        o.astype(jnp.float32),
+        do.astype(jnp.float32),
+        precision=lax.Precision.HIGHEST,
+    )
+    if dlse is not None:
+        delta = delta - dlse
+    delta = delta.reshape(B, K, G, T)
+    # Base 2, and +inf on empty rows so that P = exp2(S - lse) is exactly 0 there.
+    lse2 = jnp.where(jnp.isneginf(lse), jnp.inf, lse * LOG2E).reshape(B, K, G, T)
+
+    def step(dq, xs):
+        j, k_j, v_j = xs
+        s = jnp.einsum("btkgh,bskh->bkgts", qg, k_j, **mm) * (scale * LOG2E)
+        s = jnp.where(_tile_keep(spec, j, block, T, q_len, kv_len), s, -jnp.inf)
+        p = jnp.exp2(s - lse2[..., None])  # [B, K, G, T, block]
+        dv_j = jnp.einsum("bkgts,btkgh->bskh", p.astype(do.dtype), dog, **mm)
+        dp = jnp.einsum("btkgh,bskh->bkgts", dog, v_j, **mm)
+        ds = (p * (dp - delta[..., None])).astype(q.dtype)
+        dk_j = jnp.einsum("bkgts,btkgh->bskh", ds, qg, **mm) * scale
+        dq = dq + jnp.einsum("bkgts,bskh->btkgh", ds, k_j, **mm) * scale
+        return dq, (dk_j, dv_j)
+
+    k_t, v_t = _tiles(k, block), _tiles(v, block)
+    dq0 = jnp.zeros((B, T, K, G, H), jnp.float32)
+    dq, (dk_t, dv_t) = lax.scan(step, dq0, (jnp.arange(k_t.shape[0]), k_t, v_t))
+
+    def untile(x):
+        return jnp.moveaxis(x, 0, 1).reshape(B, -1, K, H)[:, :S]
+
+    return (
+        dq.reshape(B, T, N, H).astype(q.dtype),
+        untile(dk_t).astype(k.dtype),
+        untile(dv_t).astype(v.dtype),
+    )

@@ -1,0 +1,251 @@
+"""FlashAttention backward pass by recomputation, Triton-lowered Pallas.
+
+FlashAttention (Dao et al., 2022), Algorithm 2 / Appendix B.2, with FlashAttention-2's
+split into two kernels so that nothing is accumulated with atomics (the result is
+bitwise reproducible):
+
+* dK/dV: one program per (key tile, batch, key/value head) holds K_j, V_j and streams
+  the query tiles of every query head in its group (GQA/MQA), recomputing
+  P = exp(S - lse) from Q and the saved logsumexp:
+      dV_j += P^T dO,   dS = P * (dO V_j^T - D),   dK_j += scale * dS^T Q.
+* dQ: one program per (query tile, batch, query head) streams the key tiles:
+      dQ_i += scale * dS K.
+
+D = rowsum(dO * O) (minus the logsumexp's own cotangent, when it has one) is computed
+before the kernels, in XLA (a fused, memory-bound reduction). The saved logsumexp comes
+in base 2 with +inf on fully masked rows, so that P = exp2(S - lse) is exactly 0 on
+those rows with no extra mask.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from pallas_flash import masks
+from pallas_flash.configs import TritonBwdConfig, fit_block, padded_head_dim
+from pallas_flash.triton.common import LOG2E, dot, load_tile, round_up, store_tile
+
+
+def _probs(q, k, lse2, *, qk_scale, masked, spec, rows, cols, kv_len, diag):
+    """P = exp2(S * scale * log2(e) - lse2), tile [block_q, block_kv], float32."""
+    s = dot(q, k, trans_b=True) * qk_scale
+    if masked:
+        s = jnp.where(masks.tile_mask(spec, rows, cols, kv_len, diag), s, -jnp.inf)
+    return jnp.exp2(s - lse2[:, None])
+
+
+def _dkdv_kernel(
+    q_len_ref,
+    kv_len_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,  # inputs
+    dk_ref,
+    dv_ref,  # outputs
+    *,
+    spec,
+    scale,
+    block_q,
+    block_kv,
+    seq_q,
+    seq_kv,
+    head_dim,
+    group,
+):
+    k0 = pl.program_id(0) * block_kv
+    q_len = q_len_ref[...]
+    kv_len = kv_len_ref[...]
+    diag = masks.offset(spec, q_len, kv_len)
+    lo, start_full, hi = masks.q_tile_range(spec, k0, block_q, block_kv, q_len, kv_len, diag)
+
+    k = load_tile(k_ref, k0, block_kv, seq_kv, head_dim)  # [block_kv, hp]
+    v = load_tile(v_ref, k0, block_kv, seq_kv, head_dim)  # [block_kv, hp]
+    cols = (k0 + jnp.arange(block_kv))[None, :]
+    qk_scale = scale * LOG2E
+
+    def body(i, carry, *, g, masked: bool):
+        dk, dv = carry
+        q0 = i * block_q
+        q = load_tile(q_ref, q0, block_q, seq_q, head_dim, head=g)  # [block_q, hp]
+        do = load_tile(do_ref, q0, block_q, seq_q, head_dim, head=g)  # [block_q, hp]
+        lse2 = lse_ref[g, pl.ds(q0, block_q)]  # [block_q]
+        delta = delta_ref[g, pl.ds(q0, block_q)]  # [block_q]
+        rows = (q0 + jnp.arange(block_q))[:, None]
+        p = _probs(
+            q,
+            k,
+            lse2,
+            qk_scale=qk_scale,
+            masked=masked,
+            spec=spec,
+            rows=rows,
+            cols=cols,
+            kv_len=kv_len,
+            diag=diag,
+        )  # [block_q, block_kv]
+        dv = dv + dot(p.astype(do.dtype), do, trans_a=True)  # [block_kv, hp]
+        dp = dot(do, v, trans_b=True)  # [block_q, block_kv]
+        ds = p * (dp - delta[:, None])
+        dk = dk + dot(ds.astype(q.dtype), q, trans_a=True)  # [block_kv, hp]
+        return dk, dv
+
+    def per_head(g, carry):
+        carry = lax.fori_loop(lo, start_full, functools.partial(body, g=g, masked=True), carry)
+        return lax.fori_loop(start_full, hi, functools.partial(body, g=g, masked=False), carry)
+
+    hp = k.shape[-1]
+    zeros = jnp.zeros((block_kv, hp), jnp.float32)
+    dk, dv = lax.fori_loop(0, group, per_head, (zeros, zeros))
+    store_tile(dk_ref, k0, dk * scale, seq_kv, head_dim)
+    store_tile(dv_ref, k0, dv, seq_kv, head_dim)
+
+
+def _dq_kernel(
+    q_len_ref,
+    kv_len_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,  # inputs
+    dq_ref,  # output
+    *,
+    spec,
+    scale,
+    block_q,
+    block_kv,
+    seq_q,
+    seq_kv,
+    head_dim,
+):
+    num_q_tiles = pl.num_programs(0)
+    i = pl.program_id(0)
+    if spec.causal:
+        i = num_q_tiles - 1 - i  # longest rows first, as in the forward pass
+    q0 = i * block_q
+    q_len = q_len_ref[...]
+    kv_len = kv_len_ref[...]
+    diag = masks.offset(spec, q_len, kv_len)
+    n_full, n_tiles = masks.kv_tile_range(spec, q0, block_q, block_kv, q_len, kv_len, diag)
+
+    q = load_tile(q_ref, q0, block_q, seq_q, head_dim)  # [block_q, hp]
+    do = load_tile(do_ref, q0, block_q, seq_q, head_dim)  # [block_q, hp]
+    lse2 = lse_ref[pl.ds(q0, block_q)]
+    delta = delta_ref[pl.ds(q0, block_q)]
+    rows = (q0 + jnp.arange(block_q))[:, None]
+    qk_scale = scale * LOG2E
+
+    def body(j, dq, *, masked: bool):
+        k0 = j * block_kv
+        k = load_tile(k_ref, k0, block_kv, seq_kv, head_dim)
+        v = load_tile(v_ref, k0, block_kv, seq_kv, head_dim)
+        cols = (k0 + jnp.arange(block_kv))[None, :]
+        p = _probs(
+            q,
+            k,
+            lse2,
+            qk_scale=qk_scale,
+            masked=masked,
+            spec=spec,
+            rows=rows,
+            cols=cols,
+            kv_len=kv_len,
+            diag=diag,
+        )
+        dp = dot(do, v, trans_b=True)  # [block_q, block_kv]
+        ds = p * (dp - delta[:, None])
+        return dq + dot(ds.astype(k.dtype), k)  # [block_q, hp]
+
+    dq = jnp.zeros(q.shape, jnp.float32)
+    dq = lax.fori_loop(0, n_full, functools.partial(body, masked=False), dq)
+    dq = lax.fori_loop(n_full, n_tiles, functools.partial(body, masked=True), dq)
+    store_tile(dq_ref, q0, dq * scale, seq_q, head_dim)
+
+
+def prepare_stats(o, do, lse, dlse, t_pad: int):
+    """Base-2 logsumexp (+inf on empty rows) and D = rowsum(dO * O) - dlse, [B, N, t_pad]."""
+    delta = jnp.einsum(
+        "btnh,btnh->bnt",
+        o.astype(jnp.float32),
+        do.astype(jnp.float32),
+        precision=lax.Precision.HIGHEST,
+    )
+    if dlse is not None:
+        delta = delta - dlse
+    lse2 = jnp.where(jnp.isneginf(lse), jnp.inf, lse * LOG2E)
+    pad = [(0, 0), (0, 0), (0, t_pad - lse.shape[-1])]
+    return jnp.pad(lse2, pad, constant_values=jnp.inf), jnp.pad(delta, pad)
+
+
+def backward(
+    q,
+    k,
+    v,
+    o,
+    lse,
+    do,
+    dlse,
+    q_len,
+    kv_len,
+    *,
+    spec: masks.MaskSpec,
+    scale: float,
+    config: TritonBwdConfig,
+    interpret: bool,
+):
+    """Returns dq, dk, dv in the dtypes of q, k, v."""
+    B, T, N, H = q.shape
+    _, S, K, _ = k.shape
+    G = N // K
+    hp = padded_head_dim(H)
+    params = plgpu.CompilerParams(num_warps=config.num_warps, num_stages=config.num_stages)
+    common = dict(spec=spec, scale=scale, seq_q=T, seq_kv=S, head_dim=H)
+    per_len = pl.BlockSpec((None,), lambda j, b, h: (b,))
+
+    # dK, dV: grid over key tiles; each program sees its group's G query heads.
+    bq, bk = fit_block(config.block_q_dkv, T), fit_block(config.block_kv_dkv, S)
+    t_pad, s_pad = round_up(T, bq), round_up(S, bk)
+    lse2, delta = prepare_stats(o, do, lse, dlse, t_pad)
+    q_group = pl.BlockSpec((None, t_pad, G, hp), lambda j, b, h: (b, 0, h, 0))
+    kv_head = pl.BlockSpec((None, s_pad, None, hp), lambda j, b, h: (b, 0, h, 0))
+    stat_group = pl.BlockSpec((None, G, t_pad), lambda j, b, h: (b, h, 0))
+    dk, dv = pl.pallas_call(
+        functools.partial(_dkdv_kernel, block_q=bq, block_kv=bk, group=G, **common),
+        grid=(s_pad // bk, B, K),
+        in_specs=[per_len, per_len, q_group, kv_head, kv_head, q_group, stat_group, stat_group],
+        out_specs=[kv_head, kv_head],
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        compiler_params=params,
+        interpret=interpret,
+        name="pallas_flash_bwd_dkdv",
+    )(q_len, kv_len, q, k, v, do, lse2, delta)
+
+    # dQ: grid over query tiles of every query head.
+    bq, bk = fit_block(config.block_q_dq, T), fit_block(config.block_kv_dq, S)
+    t_pad2, s_pad = round_up(T, bq), round_up(S, bk)
+    if t_pad2 != t_pad:
+        lse2, delta = prepare_stats(o, do, lse, dlse, t_pad2)
+    q_head = pl.BlockSpec((None, t_pad2, None, hp), lambda i, b, h: (b, 0, h, 0))
+    kv_of_q = pl.BlockSpec((None, s_pad, None, hp), lambda i, b, h: (b, 0, h // G, 0))
+    stat_head = pl.BlockSpec((None, None, t_pad2), lambda i, b, h: (b, h, 0))
+    dq = pl.pallas_call(
+        functools.partial(_dq_kernel, block_q=bq, block_kv=bk, **common),
+        grid=(t_pad2 // bq, B, N),
+        in_specs=[per_len, per_len, q_head, kv_of_q, kv_of_q, q_head, stat_head, stat_head],
+        out_specs=q_head,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        compiler_params=params,
+        interpret=interpret,
+        name="pallas_flash_bwd_dq",
+    )(q_len, kv_len, q, k, v, do, lse2, delta)
+    return dq, dk, dv

@@ -1,0 +1,157 @@
+"""FlashAttention forward pass, Triton-lowered Pallas.
+
+Algorithm 1 of FlashAttention (Dao et al., 2022) with the loop order of
+FlashAttention-2 (Dao, 2023, Sec. 3.1): each program owns one query tile of one
+(batch, head), keeps it on chip, and streams the key/value tiles past it, carrying the
+running row maximum `m_i`, the running row sum `l_i` and the unnormalised output `acc`
+in float32. The N x N score matrix never reaches HBM; the program writes O and the
+logsumexp (natural log, float32), which the backward pass uses to recompute P.
+
+Key/value tiles are split three ways by `masks.kv_tile_range`: fully visible (no mask),
+boundary (element mask: causal diagonal, key padding), and skipped (above the causal
+diagonal or past the valid length), which cost no loads and no FLOPs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from pallas_flash import masks
+from pallas_flash.configs import TritonConfig, fit_block, padded_head_dim
+from pallas_flash.triton.common import LN2, LOG2E, dot, load_tile, round_up, store_tile
+
+
+def _forward_kernel(
+    q_len_ref,
+    kv_len_ref,
+    q_ref,
+    k_ref,
+    v_ref,  # inputs
+    o_ref,
+    lse_ref,  # outputs
+    *,
+    spec: masks.MaskSpec,
+    scale: float,
+    block_q: int,
+    block_kv: int,
+    seq_q: int,
+    seq_kv: int,
+    head_dim: int,
+):
+    num_q_tiles = pl.num_programs(0)
+    i = pl.program_id(0)
+    if spec.causal:
+        # Causal tiles near the bottom do the most work: launch them first so the
+        # last wave of programs is short ones.
+        i = num_q_tiles - 1 - i
+    q0 = i * block_q
+    q_len = q_len_ref[...]
+    kv_len = kv_len_ref[...]
+    diag = masks.offset(spec, q_len, kv_len)
+    n_full, n_tiles = masks.kv_tile_range(spec, q0, block_q, block_kv, q_len, kv_len, diag)
+
+    q = load_tile(q_ref, q0, block_q, seq_q, head_dim)  # [block_q, hp]
+    rows = (q0 + jnp.arange(block_q))[:, None]  # [block_q, 1]
+    # Softmax in base 2: exp(x * scale) = exp2(x * scale * log2(e)), one multiply per
+    # score instead of a multiply inside exp.
+    qk_scale = scale * LOG2E
+
+    def body(j, carry, *, masked: bool):
+        acc, m_i, l_i = carry
+        k0 = j * block_kv
+        k = load_tile(k_ref, k0, block_kv, seq_kv, head_dim)  # [block_kv, hp]
+        s = dot(q, k, trans_b=True) * qk_scale  # [block_q, block_kv], base-2 logits
+        if masked:
+            cols = (k0 + jnp.arange(block_kv))[None, :]
+            s = jnp.where(masks.tile_mask(spec, rows, cols, kv_len, diag), s, -jnp.inf)
+        m_new = jnp.maximum(m_i, jnp.max(s, axis=1))  # [block_q]
+        if masked:
+            # A row that has seen only masked keys has max -inf; subtracting it would
+            # give exp2(-inf + inf) = NaN. Use 0 instead: its p and alpha are then 0.
+            m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+        else:
+            m_use = m_new
+        alpha = jnp.exp2(m_i - m_use)  # rescales what was accumulated so far
+        p = jnp.exp2(s - m_use[:, None])  # [block_q, block_kv]
+        l_i = l_i * alpha + jnp.sum(p, axis=1)
+        v = load_tile(v_ref, k0, block_kv, seq_kv, head_dim)  # [block_kv, hp]
+        acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v)  # [block_q, hp]
+        return acc, m_new, l_i
+
+    hp = q.shape[-1]
+    carry = (
+        jnp.zeros((block_q, hp), jnp.float32),
+        jnp.full((block_q,), -jnp.inf, jnp.float32),
+        jnp.zeros((block_q,), jnp.float32),
+    )
+    carry = lax.fori_loop(0, n_full, functools.partial(body, masked=False), carry)
+    acc, m_i, l_i = lax.fori_loop(n_full, n_tiles, functools.partial(body, masked=True), carry)
+
+    # A fully masked row (l_i == 0) outputs 0 with logsumexp -inf, never 0/0.
+    empty = (l_i == 0.0) | (rows[:, 0] >= q_len)
+    l_safe = jnp.where(empty, 1.0, l_i)
+    o = jnp.where(empty[:, None], 0.0, acc / l_safe[:, None])
+    lse = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(l_safe)) * LN2)
+    store_tile(o_ref, q0, o, seq_q, head_dim)
+    lse_mask = None if seq_q % block_q == 0 else rows[:, 0] < seq_q
+    plgpu.store(lse_ref.at[pl.ds(q0, block_q)], lse, mask=lse_mask)
+
+
+def forward(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_len: jax.Array,
+    kv_len: jax.Array,
+    *,
+    spec: masks.MaskSpec,
+    scale: float,
+    config: TritonConfig,
+    interpret: bool,
+) -> tuple[jax.Array, jax.Array]:
+    """Returns O [B, T, N, H] in q's dtype and the logsumexp [B, N, T] float32."""
+    B, T, N, H = q.shape
+    _, S, K, _ = k.shape
+    G = N // K
+    hp = padded_head_dim(H)
+    block_q = fit_block(config.block_q, T)
+    block_kv = fit_block(config.block_kv, S)
+    t_pad, s_pad = round_up(T, block_q), round_up(S, block_kv)
+
+    kernel = functools.partial(
+        _forward_kernel,
+        spec=spec,
+        scale=scale,
+        block_q=block_q,
+        block_kv=block_kv,
+        seq_q=T,
+        seq_kv=S,
+        head_dim=H,
+    )
+    # Each program sees its (batch, head) slab whole and slices its tiles itself; the
+    # block shapes are padded to whole tiles (interpret mode pads the arrays to them,
+    # the compiled kernel masks every access past the real extent).
+    per_len = pl.BlockSpec((None,), lambda i, b, h: (b,))
+    q_spec = pl.BlockSpec((None, t_pad, None, hp), lambda i, b, h: (b, 0, h, 0))
+    kv_spec = pl.BlockSpec((None, s_pad, None, hp), lambda i, b, h: (b, 0, h // G, 0))
+    return pl.pallas_call(
+        kernel,
+        grid=(t_pad // block_q, B, N),
+        in_specs=[per_len, per_len, q_spec, kv_spec, kv_spec],
+        out_specs=[q_spec, pl.BlockSpec((None, None, t_pad), lambda i, b, h: (b, h, 0))],
+        out_shape=[
+            jax.ShapeDtypeStruct(q.shape, q.dtype),
+            jax.ShapeDtypeStruct((B, N, T), jnp.float32),
+        ],
+        compiler_params=plgpu.CompilerParams(
+            num_warps=config.num_warps, num_stages=config.num_stages
+        ),
+        interpret=interpret,
+        name="pallas_flash_fwd",
+    )(q_len, kv_len, q, k, v)

@@ -1,0 +1,108 @@
+"""The one custom_vjp that joins a forward pass to its recomputation backward pass.
+
+The forward saves only (q, k, v, o, lse) and the lengths: linear in the sequence length.
+The backward recomputes the attention probabilities tile by tile from q, k and the
+logsumexp. The logsumexp is an output too, and differentiable: its cotangent enters
+the backward pass through D (d lse_i / d s_ij = p_ij, so D_i becomes D_i - dlse_i),
+which is what merging partial attention results (ring attention) needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+
+from pallas_flash import blockwise, masks
+from pallas_flash.triton import backward as triton_backward
+from pallas_flash.triton import forward as triton_forward
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan:
+    """Everything static about one call: backend, mask, scale and tile configs."""
+
+    backend: str  # "triton" or "xla_blockwise"
+    spec: masks.MaskSpec
+    scale: float
+    fwd_config: Any
+    bwd_config: Any
+    interpret: bool = False
+
+
+def _forward(plan: Plan, q, k, v, q_len, kv_len):
+    if plan.backend == "triton":
+        return triton_forward.forward(
+            q,
+            k,
+            v,
+            q_len,
+            kv_len,
+            spec=plan.spec,
+            scale=plan.scale,
+            config=plan.fwd_config,
+            interpret=plan.interpret,
+        )
+    if plan.backend == "xla_blockwise":
+        return blockwise.forward(
+            q, k, v, q_len, kv_len, spec=plan.spec, scale=plan.scale, config=plan.fwd_config
+        )
+    raise ValueError(f"no kernel backend named {plan.backend!r}")
+
+
+def _backward(plan: Plan, q, k, v, o, lse, do, dlse, q_len, kv_len):
+    if plan.backend == "triton":
+        return triton_backward.backward(
+            q,
+            k,
+            v,
+            o,
+            lse,
+            do,
+            dlse,
+            q_len,
+            kv_len,
+            spec=plan.spec,
+            scale=plan.scale,
+            config=plan.bwd_config,
+            interpret=plan.interpret,
+        )
+    if plan.backend == "xla_blockwise":
+        return blockwise.backward(
+            q,
+            k,
+            v,
+            o,
+            lse,
+            do,
+            dlse,
+            q_len,
+            kv_len,
+            spec=plan.spec,
+            scale=plan.scale,
+            config=plan.bwd_config,
+        )
+    raise ValueError(f"no kernel backend named {plan.backend!r}")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def attention(plan: Plan, q, k, v, q_len, kv_len):
+    """Returns (o [B, T, N, H], lse [B, N, T] float32, natural log, -inf on empty rows)."""
+    return _forward(plan, q, k, v, q_len, kv_len)
+
+
+def _attention_fwd(plan, q, k, v, q_len, kv_len):
+    o, lse = _forward(plan, q, k, v, q_len, kv_len)
+    return (o, lse), (q, k, v, o, lse, q_len, kv_len)
+
+
+def _attention_bwd(plan, residuals, cotangents):
+    q, k, v, o, lse, q_len, kv_len = residuals
+    do, dlse = cotangents
+    dq, dk, dv = _backward(plan, q, k, v, o, lse, do, dlse, q_len, kv_len)
+    return dq, dk, dv, None, None
+
+
+attention.defvjp(_attention_fwd, _attention_bwd)

@@ -1,0 +1,156 @@
+"""The shared table of attention cases every backend runs, and the tolerance rule.
+
+The full product of the factors (3 dtypes x causal x 3 head layouts x 5 head dims x
+5 lengths x T != S x padding) is ~1,800 cases: too many for interpret mode on CPU. The
+table instead walks every (head dim, length) pair once and rotates the other factors
+through it, so each factor value meets each head dim and each length; extra cases cover
+what a rotation could miss (fully masked rows, bottom-right causal, tiny and ragged).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
+HEAD_DIMS = (32, 64, 80, 128, 256)
+LENGTHS = (1, 97, 128, 257, 1025)
+HEADS = ((4, 4), (4, 2), (4, 1))  # (query heads, key/value heads): MHA, GQA, MQA
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    batch: int
+    seq_q: int
+    seq_kv: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: object
+    causal: bool = False
+    bottom_right: bool = False
+    q_lens: tuple[int, ...] | None = None
+    kv_lens: tuple[int, ...] | None = None
+
+    @property
+    def id(self) -> str:
+        parts = [
+            jnp.dtype(self.dtype).name,
+            f"b{self.batch}",
+            f"t{self.seq_q}",
+            f"s{self.seq_kv}",
+            f"n{self.heads}k{self.kv_heads}",
+            f"h{self.head_dim}",
+        ]
+        if self.causal:
+            parts.append("causal-br" if self.bottom_right else "causal")
+        if self.q_lens or self.kv_lens:
+            parts.append(f"len{self.q_lens}-{self.kv_lens}")
+        return "_".join(parts).replace(" ", "")
+
+    def kwargs(self) -> dict:
+        lens = lambda x: None if x is None else jnp.asarray(x, jnp.int32)  # noqa: E731
+        return dict(
+            is_causal=self.causal,
+            causal_alignment="bottom_right" if self.bottom_right else "top_left",
+            query_seq_lengths=lens(self.q_lens),
+            key_value_seq_lengths=lens(self.kv_lens),
+        )
+
+    def inputs(self, seed: int = 0):
+        """Fresh random q, k, v and a random output cotangent."""
+        kq, kk, kv, kd = jax.random.split(jax.random.PRNGKey(seed), 4)
+        B, T, S, H = self.batch, self.seq_q, self.seq_kv, self.head_dim
+        q = jax.random.normal(kq, (B, T, self.heads, H), self.dtype)
+        k = jax.random.normal(kk, (B, S, self.kv_heads, H), self.dtype)
+        v = jax.random.normal(kv, (B, S, self.kv_heads, H), self.dtype)
+        do = jax.random.normal(kd, (B, T, self.heads, H), self.dtype)
+        return q, k, v, do
+
+
+def _ragged(length: int, batch: int, i: int) -> tuple[int, ...]:
+    """Valid lengths for a padded batch: one full, the rest cut at varied points."""
+    cuts = [length, max(1, (length * 2) // 3), max(0, length // 3 - i % 2)]
+    return tuple(cuts[j % 3] for j in range(batch))
+
+
+def table() -> list[Case]:
+    cases = []
+    for i, (h, length) in enumerate(itertools.product(HEAD_DIMS, LENGTHS)):
+        dtype = DTYPES[i % 3]
+        heads, kv_heads = HEADS[(i // 3) % 3]
+        # Periods 2, 4 and 7 against the 5 x 5 walk: every pair of (causal, T != S,
+        # padded) values occurs, and padding meets every head dim and length.
+        causal = i % 2 == 1
+        other = LENGTHS[(LENGTHS.index(length) + 1 + i % 3) % len(LENGTHS)]
+        seq_q, seq_kv = (length, other) if (i // 2) % 2 == 0 else (length, length)
+        padded = i % 7 in (2, 5)
+        cases.append(
+            Case(
+                batch=2,
+                seq_q=seq_q,
+                seq_kv=seq_kv,
+                heads=heads,
+                kv_heads=kv_heads,
+                head_dim=h,
+                dtype=dtype,
+                causal=causal,
+                q_lens=_ragged(seq_q, 2, i) if padded else None,
+                kv_lens=_ragged(seq_kv, 2, i + 1) if padded else None,
+            )
+        )
+    cases += [
+        # Bottom-right causal with T > S: the first T - S rows see no key at all.
+        Case(2, 97, 40, 4, 2, 64, jnp.bfloat16, causal=True, bottom_right=True),
+        Case(
+            2,
+            257,
+            128,
+            4,
+            1,
+            32,
+            jnp.float32,
+            causal=True,
+            bottom_right=True,
+            q_lens=(257, 200),
+            kv_lens=(100, 128),
+        ),
+        # KV-cache shape: few queries, many keys, bottom-right.
+        Case(
+            2, 16, 257, 4, 4, 128, jnp.float16, causal=True, bottom_right=True, kv_lens=(257, 150)
+        ),
+        # A batch element with no valid key at all, and one with no valid query.
+        Case(2, 97, 97, 4, 2, 64, jnp.float32, q_lens=(0, 97), kv_lens=(97, 0)),
+        # Head dims off the table: tiny and odd.
+        Case(1, 33, 65, 2, 1, 1, jnp.float32, causal=True),
+        Case(1, 65, 33, 2, 2, 96, jnp.bfloat16),
+    ]
+    return cases
+
+
+CASES = table()
+
+
+def tolerance_check(name: str, got, ref, naive, dtype) -> None:
+    """flash-attn's rule: |got - ref| <= 2 |naive - ref| + floor, and never NaN.
+
+    `ref` is the float32 reference, `naive` the same math done naively in `dtype`; the
+    floor is one unit in the last place of `dtype` at the largest reference value (the
+    output is stored in `dtype`, so it cannot be closer), and 2^-17 relative for float32.
+    """
+    got, ref, naive = (np.asarray(x, np.float64) for x in (got, ref, naive))
+    assert got.shape == ref.shape, f"{name}: shape {got.shape} != {ref.shape}"
+    both_inf = np.isinf(ref) & (got == ref)
+    assert not np.isnan(got).any(), f"{name}: NaN in the output"
+    assert np.array_equal(np.isinf(got), np.isinf(ref)), f"{name}: inf pattern differs"
+    got, ref, naive = (np.where(both_inf, 0.0, x) for x in (got, ref, naive))
+    naive = np.where(np.isfinite(naive), naive, ref)
+    scale = float(np.max(np.abs(ref), initial=0.0))
+    eps = 2.0**-17 if jnp.dtype(dtype) == jnp.float32 else float(jnp.finfo(dtype).eps)
+    err = float(np.max(np.abs(got - ref), initial=0.0))
+    bound = 2.0 * float(np.max(np.abs(naive - ref), initial=0.0)) + eps * max(scale, 1e-3)
+    assert err <= bound, f"{name}: max error {err:.3g} > bound {bound:.3g} (|ref| <= {scale:.3g})"

@@ -1,0 +1,55 @@
+"""Runs a case through an implementation and through the reference, forward and backward."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from pallas_flash import flash_attention, masks, reference
+from tests.cases import Case
+
+
+def run_impl(case: Case, impl: str, seed: int = 0, **extra):
+    """(o, lse [B, N, T], dq, dk, dv) of `impl`, with random cotangents for o and lse."""
+    q, k, v, do = case.inputs(seed)
+    dlse = _lse_cotangent(case, seed)
+
+    def f(q, k, v):
+        o, lse = flash_attention(
+            q, k, v, implementation=impl, return_residual=True, **case.kwargs(), **extra
+        )
+        return o, jnp.swapaxes(lse, 1, 2)
+
+    (o, lse), vjp = jax.vjp(f, q, k, v)
+    return (o, lse, *vjp((do, jnp.where(jnp.isfinite(lse), dlse, 0.0))))
+
+
+def run_reference(case: Case, seed: int = 0, *, upcast: bool):
+    """The same through reference.py: float32 truth (upcast) or naive in case.dtype."""
+    q, k, v, do = case.inputs(seed)
+    dlse = _lse_cotangent(case, seed)
+    if upcast:
+        q, k, v, do = (x.astype(jnp.float32) for x in (q, k, v, do))
+    kw = case.kwargs()
+    spec = masks.MaskSpec(causal=case.causal, bottom_right=case.bottom_right)
+
+    def f(q, k, v):
+        o, lse = reference.attention(
+            q,
+            k,
+            v,
+            scale=case.head_dim**-0.5,
+            mask_spec=spec,
+            upcast=upcast,
+            query_seq_lengths=kw["query_seq_lengths"],
+            key_value_seq_lengths=kw["key_value_seq_lengths"],
+        )
+        return o, lse
+
+    (o, lse), vjp = jax.vjp(f, q, k, v)
+    return (o, lse, *vjp((do.astype(o.dtype), jnp.where(jnp.isfinite(lse), dlse, 0.0))))
+
+
+def _lse_cotangent(case: Case, seed: int):
+    key = jax.random.PRNGKey(seed + 1000)
+    return jax.random.normal(key, (case.batch, case.heads, case.seq_q), jnp.float32)
