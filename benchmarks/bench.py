@@ -1,0 +1,292 @@
+"""The benchmark harness: ours and the peers, same GPU, same process, one JSONL row each.
+
+    python -m benchmarks.bench --suite fa --out benchmarks/results/fa.jsonl
+    python -m benchmarks.bench --suite quick --tiny        # CPU, interpret mode, tiny
+
+Method (as ../shared/ANCHORS.md): jit, 3 warm-up calls, median of 5 rounds of N calls
+with one block_until_ready per round. Backward time = (forward+backward) - forward.
+TFLOP/s by the FlashAttention-2/3 convention: forward 4*B*N*T*S*H, halved for causal;
+backward 2.5x that. Before an implementation is timed on a shape family, its output
+and gradients are checked against the float32 reference at a size where the reference
+fits; a wrong answer is recorded as an error and not timed. A peer that fails is
+recorded with its error, never dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import suites
+from benchmarks.impls import IMPLS, Impl, reference_fn
+
+CHECK_SEQ = 1024  # the reference is materialised at most at this length
+CHECK_TOL = 2e-2  # relative max error accepted in the pre-timing check (16-bit inputs)
+
+
+def attention_flops(s: suites.Shape) -> float:
+    """Forward FLOPs of the two matmuls, halved for causal (FlashAttention-2 convention)."""
+    flops = 4.0 * s.batch * s.heads * s.seq_q * s.seq_k * s.head_dim
+    return flops / 2 if s.causal else flops
+
+
+def environment(commit: str | None) -> dict:
+    try:
+        from jax._src.lib import cuda_versions
+
+        cudnn = str(cuda_versions.cudnn_get_version()) if cuda_versions else None
+    except Exception:  # noqa: BLE001 - a CPU build has no CUDA versions
+        cudnn = None
+    if commit is None:
+        try:
+            commit = subprocess.check_output(
+                ["git", "rev-parse", "--short", "HEAD"], text=True, stderr=subprocess.DEVNULL
+            ).strip()
+        except (OSError, subprocess.CalledProcessError):
+            commit = "unknown"
+    return dict(
+        device=jax.devices()[0].device_kind, jax=jax.__version__, cudnn=cudnn, commit=commit
+    )
+
+
+def make_inputs(s: suites.Shape, dtype, seed: int = 0):
+    ks = jax.random.split(jax.random.PRNGKey(seed), 5)
+    q = jax.random.normal(ks[0], (s.batch, s.seq_q, s.heads, s.head_dim), dtype)
+    k = jax.random.normal(ks[1], (s.batch, s.seq_k, s.kv_heads, s.head_dim), dtype)
+    v = jax.random.normal(ks[2], (s.batch, s.seq_k, s.kv_heads, s.head_dim), dtype)
+    do = jax.random.normal(ks[3], q.shape, dtype)
+    lens = None
+    if s.mask == "padding":  # each batch element keeps 50..100 % of its keys
+        frac = jax.random.uniform(ks[4], (s.batch,), minval=0.5, maxval=1.0)
+        lens = jnp.maximum(1, (frac * s.seq_k).astype(jnp.int32))
+    return q, k, v, do, lens
+
+
+def _bind(impl: Impl, s: suites.Shape):
+    def fwd(q, k, v, lens):
+        return impl.fn(q, k, v, causal=s.causal, kv_lens=lens)
+
+    def fwd_bwd(q, k, v, do, lens):
+        out, vjp = jax.vjp(lambda q, k, v: fwd(q, k, v, lens), q, k, v)
+        return vjp(do)
+
+    return fwd, fwd_bwd
+
+
+def _outputs_and_grads(fn, s: suites.Shape, q, k, v, do, lens):
+    out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, causal=s.causal, kv_lens=lens), q, k, v)
+    return (out, *vjp(do.astype(out.dtype)))
+
+
+def check(impl: Impl, s: suites.Shape, dtype) -> float:
+    """Max relative error of output and gradients against the float32 reference."""
+    small = s.replace(batch=1, seq_q=min(s.seq_q, CHECK_SEQ), seq_k=min(s.seq_k, CHECK_SEQ))
+    inputs = make_inputs(small, dtype, seed=1)
+    got, want = (
+        jax.jit(lambda *a, fn=fn: _outputs_and_grads(fn, small, *a))(*inputs)
+        for fn in (impl.fn, reference_fn(impl.unscaled))
+    )
+    err = 0.0
+    for g, w in zip(got, want):
+        g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+        if not np.isfinite(g).all():
+            return float("nan")
+        err = max(err, float(np.max(np.abs(g - w)) / max(np.max(np.abs(w)), 1e-6)))
+    return err
+
+
+def time_fn(f, args, *, warmup: int = 3, rounds: int = 5, calls: int = 20) -> float:
+    """Median seconds per call: `rounds` rounds of `calls` calls, one sync per round."""
+    for _ in range(warmup):
+        jax.block_until_ready(f(*args))
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(*args))
+    once = time.perf_counter() - t0
+    calls = max(1, min(calls, int(0.25 / max(once, 1e-6))))  # keep a round under ~0.25 s
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            out = f(*args)
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - t0) / calls)
+    return float(np.median(times))
+
+
+def measure_memory(f, args, run: bool) -> tuple[int, int | None, float | None]:
+    """Compiled temporary bytes; if `run`, also the device's peak bytes and one call's time."""
+    compiled = jax.jit(f).lower(*args).compile()
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    if not run:
+        return temp, None, None
+    t0 = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    seconds = time.perf_counter() - t0
+    stats = jax.devices()[0].memory_stats() or {}
+    return temp, stats.get("peak_bytes_in_use"), seconds
+
+
+def run_shape(impl: Impl, s: suites.Shape, passes, *, memory: bool, run: bool, checked: dict):
+    """Yields one row per pass for this implementation and shape."""
+    dtype = s.dtype if s.dtype in impl.dtypes else impl.dtypes[0]
+    base = dict(
+        impl=impl.name,
+        **s.row(),
+        dtype=jnp.dtype(dtype).name,
+        ms=None,
+        tflops=None,
+        temp_bytes=None,
+        peak_bytes=None,
+        check_err=None,
+        error=None,
+    )
+    key = (impl.name, s.family())
+    try:
+        if key not in checked:
+            checked[key] = check(impl, s, dtype)
+        base["check_err"] = checked[key]
+        if not checked[key] <= CHECK_TOL:
+            raise AssertionError(f"wrong result: relative error {checked[key]:.3g} vs reference")
+        q, k, v, do, lens = make_inputs(s, dtype)
+        fwd, fwd_bwd = _bind(impl, s)
+        if memory:  # one compiled call: temporary bytes, peak bytes, its time
+            temp, peak, seconds = measure_memory(fwd_bwd, (q, k, v, do, lens), run)
+            ms = None if seconds is None else seconds * 1e3
+            tflops = None if seconds is None else 3.5 * attention_flops(s) / seconds / 1e12
+            yield dict(
+                base, **{"pass": "fwd+bwd"}, temp_bytes=temp, peak_bytes=peak, ms=ms, tflops=tflops
+            )
+            return
+        t_fwd = time_fn(jax.jit(fwd), (q, k, v, lens)) if set(passes) & {"fwd", "bwd"} else None
+        t_all = time_fn(jax.jit(fwd_bwd), (q, k, v, do, lens))
+    except Exception as e:  # noqa: BLE001 - a failing peer is a result, not a crash
+        msg = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        for p in passes:
+            yield dict(base, **{"pass": p, "error": msg})
+        return
+    flops = attention_flops(s)
+    timed = {
+        "fwd": (t_fwd, flops),
+        "bwd": (None if t_fwd is None else t_all - t_fwd, 2.5 * flops),
+        "fwd+bwd": (t_all, 3.5 * flops),
+    }
+    for p in passes:
+        t, f = timed[p]
+        if t is not None and t <= 0:  # tiny shapes: fwd+bwd within noise of fwd alone
+            yield dict(base, **{"pass": p, "error": "below timing noise: fwd+bwd <= fwd"})
+        else:
+            yield dict(base, **{"pass": p, "ms": t * 1e3, "tflops": f / t / 1e12})
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", choices=sorted(suites.SUITES), required=True)
+    parser.add_argument(
+        "--impls", default=None, help="comma-separated names (default: all of the suite's)"
+    )
+    parser.add_argument("--out", default=None, help="JSONL file to append to")
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke run)")
+    parser.add_argument("--commit", default=None)
+    parser.add_argument("--run-id", default=None)
+    parser.add_argument(
+        "--max-run-seq",
+        type=int,
+        default=1 << 20,
+        help="memory suite: longer sequences are compiled, not run",
+    )
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        help="seconds; stop starting new shapes after this (rows so far stay)",
+    )
+    parser.add_argument(
+        "--isolate",
+        action="store_true",
+        help="memory suite: one process per implementation, so that the "
+        "device's peak-memory counter belongs to that implementation",
+    )
+    args = parser.parse_args(argv)
+
+    suite = suites.SUITES[args.suite]
+    names = args.impls.split(",") if args.impls else list(suite.impls)
+    unknown = [n for n in names if n not in IMPLS]
+    if unknown:
+        parser.error(f"unknown implementations {unknown}; known: {sorted(IMPLS)}")
+    run_id = args.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+    if args.isolate and len(names) > 1:
+        for name in names:
+            cmd = [sys.executable, "-m", "benchmarks.bench", *_forward_args(args, name, run_id)]
+            subprocess.run(cmd, check=False, env=os.environ.copy())
+        return 0
+
+    env = environment(args.commit)
+    out = open(args.out, "a") if args.out else None  # noqa: SIM115 - appended row by row
+    checked: dict = {}
+    shapes = suite.tiny_shapes if args.tiny else suite.shapes
+    start = time.perf_counter()
+    for s in shapes:
+        if args.time_budget and time.perf_counter() - start > args.time_budget:
+            print(f"time budget of {args.time_budget:.0f} s spent; stopping", flush=True)
+            break
+        for name in names:
+            run = s.seq_q <= args.max_run_seq
+            for row in run_shape(
+                IMPLS[name], s, suite.passes, memory=suite.memory, run=run, checked=checked
+            ):
+                row = dict(run_id=run_id, suite=args.suite, **env, **row)
+                print(_summary(row), flush=True)
+                if out:
+                    out.write(json.dumps(row) + "\n")
+                    out.flush()
+    if out:
+        out.close()
+    return 0
+
+
+def _forward_args(args, name, run_id):
+    fwd = [
+        "--suite",
+        args.suite,
+        "--impls",
+        name,
+        "--run-id",
+        run_id,
+        "--max-run-seq",
+        str(args.max_run_seq),
+    ]
+    for flag, value in (("--out", args.out), ("--commit", args.commit)):
+        if value:
+            fwd += [flag, value]
+    return fwd + (["--tiny"] if args.tiny else [])
+
+
+def _summary(row) -> str:
+    shape = (
+        f"b{row['batch']} t{row['seq_q']} s{row['seq_k']} n{row['heads']} "
+        f"h{row['head_dim']} {'causal' if row['causal'] else 'full'} {row['mask']}"
+    )
+    if row["error"]:
+        return f"{row['impl']:28s} {row['pass']:8s} {shape:44s} ERROR {row['error'][:120]}"
+    parts = []
+    if row["tflops"] is not None:
+        parts.append(f"{row['ms']:9.3f} ms {row['tflops']:6.1f} TFLOP/s")
+    if row["temp_bytes"] is not None:
+        parts.append(f"temp {row['temp_bytes'] / 2**20:9.1f} MiB")
+    if row["peak_bytes"] is not None:
+        parts.append(f"peak {row['peak_bytes'] / 2**20:9.1f} MiB")
+    return f"{row['impl']:28s} {row['pass']:8s} {shape:44s} " + "  ".join(parts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Every attention implementation the harness times: ours and the peers, behind one signature.
+
+Each entry turns (q, k, v, causal, q_lens, kv_lens) into an output [B, T, N, H]. Peers
+that are not installed or do not support a call raise; the harness records the error
+in that row instead of dropping the peer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+import pallas_flash
+
+
+@dataclasses.dataclass(frozen=True)
+class Impl:
+    name: str
+    fn: Callable  # (q, k, v, *, causal, q_lens, kv_lens) -> o
+    dtypes: tuple = (jnp.bfloat16, jnp.float16)
+    unscaled: bool = False  # computes softmax(Q K^T) with no 1/sqrt(H)
+    ours: bool = False
+
+
+def _ours(backend):
+    def fn(q, k, v, *, causal, q_lens=None, kv_lens=None):
+        return pallas_flash.flash_attention(
+            q,
+            k,
+            v,
+            is_causal=causal,
+            query_seq_lengths=q_lens,
+            key_value_seq_lengths=kv_lens,
+            implementation=backend,
+        )
+
+    return fn
+
+
+def _jax_nn(backend):
+    def fn(q, k, v, *, causal, q_lens=None, kv_lens=None):
+        return jax.nn.dot_product_attention(
+            q,
+            k,
+            v,
+            is_causal=causal,
+            query_seq_lengths=q_lens,
+            key_value_seq_lengths=kv_lens,
+            implementation=backend,
+        )
+
+    return fn
+
+
+def _tokamax(backend):
+    def fn(q, k, v, *, causal, q_lens=None, kv_lens=None):
+        import tokamax  # imported lazily: only present where the peer wheels were taken
+
+        return tokamax.dot_product_attention(
+            q,
+            k,
+            v,
+            is_causal=causal,
+            query_seq_lengths=q_lens,
+            key_value_seq_lengths=kv_lens,
+            implementation=backend,
+        )
+
+    return fn
+
+
+def _jax_mosaic_fa3(q, k, v, *, causal, q_lens=None, kv_lens=None):
+    if q_lens is not None or kv_lens is not None:
+        raise NotImplementedError("JAX's Mosaic FA3 has no sequence lengths")
+    from jax.experimental.pallas.ops.gpu import attention_mgpu
+
+    head_dim = q.shape[-1]
+    block_kv = 64 if head_dim > 128 else 128
+    config = attention_mgpu.TuningConfig(
+        block_q=64,
+        block_kv=block_kv,
+        max_concurrent_steps=2,
+        causal=causal,
+        block_q_dkv=64,
+        block_kv_dkv=64,
+        block_q_dq=64,
+        block_kv_dq=64,
+    )
+    return attention_mgpu.attention(q, k, v, config)
+
+
+IMPLS: dict[str, Impl] = {
+    impl.name: impl
+    for impl in [
+        Impl(
+            "pallas_flash:triton",
+            _ours("triton"),
+            dtypes=(jnp.bfloat16, jnp.float16, jnp.float32),
+            ours=True,
+        ),
+        Impl(
+            "pallas_flash:xla_blockwise",
+            _ours("xla_blockwise"),
+            dtypes=(jnp.bfloat16, jnp.float16, jnp.float32),
+            ours=True,
+        ),
+        Impl("jax.nn:xla", _jax_nn("xla"), dtypes=(jnp.bfloat16, jnp.float16, jnp.float32)),
+        Impl("jax.nn:cudnn", _jax_nn("cudnn")),
+        Impl("tokamax:mosaic", _tokamax("mosaic")),
+        Impl("tokamax:triton", _tokamax("triton")),
+        Impl("jax:mosaic_fa3", _jax_mosaic_fa3, dtypes=(jnp.float16,), unscaled=True),
+    ]
+}
+
+
+def reference_fn(unscaled: bool):
+    """The float32 oracle with the scale the implementation uses."""
+
+    def fn(q, k, v, *, causal, q_lens=None, kv_lens=None):
+        scale = 1.0 if unscaled else None
+        return pallas_flash.flash_attention(
+            q.astype(jnp.float32),
+            k.astype(jnp.float32),
+            v.astype(jnp.float32),
+            scale=scale,
+            is_causal=causal,
+            query_seq_lengths=q_lens,
+            key_value_seq_lengths=kv_lens,
+            implementation="xla",
+        )
+
+    return fn
