@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One device call: peer wheels, then the steps named as arguments, logs and JSONL under $OUT.
+#   bash benchmarks/gpu_run.sh COMMIT tests memory-ours memory-peers fa:<budget_s> ...
+set -u
+commit=$1; shift
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .peers/*.whl \
+  || exit 1
+export PYTHONPATH=/tmp/site:$PWD/.peers/stub:$PWD PYTHONUNBUFFERED=1
+run_id="$(date +%Y%m%d-%H%M%S)-$commit"
+for step in "$@"; do
+  echo "== $step $(date +%T)"
+  case $step in
+    tests) timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider -rA -s \
+             > "$OUT/gpu-tests.log" 2>&1; echo "pytest rc=$?"; tail -3 "$OUT/gpu-tests.log" ;;
+    memory-ours) timeout 200 python3 -m benchmarks.bench --suite memory --commit "$commit" \
+             --run-id "$run_id" --impls pallas_flash:triton --out "$OUT/memory.jsonl" ;;
+    memory-peers) timeout 300 python3 -m benchmarks.bench --suite memory --commit "$commit" \
+             --run-id "$run_id" --isolate --max-run-seq 262144 --out "$OUT/memory.jsonl" \
+             --impls pallas_flash:xla_blockwise,jax.nn:xla,jax.nn:cudnn,tokamax:mosaic,tokamax:triton ;;
+    fa:*) timeout 590 python3 -m benchmarks.bench --suite fa --commit "$commit" \
+             --run-id "$run_id" --time-budget "${step#fa:}" --out "$OUT/fa.jsonl" ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+echo "== done $(date +%T)"
