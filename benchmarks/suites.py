@@ -53,7 +53,7 @@ class Suite:
 def _fa_shapes():
     """FlashAttention-2/3's grid: 16k tokens per batch, hidden 2048 (8 heads at dim 256)."""
     out = []
-    for head_dim in (64, 128, 256):
+    for head_dim in (128, 64, 256):  # the headline head dim first
         heads = 8 if head_dim == 256 else 2048 // head_dim
         for causal in (False, True):
             for seq in (512, 1024, 2048, 4096, 8192, 16384):

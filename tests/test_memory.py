@@ -38,7 +38,7 @@ def test_triton_memory_is_linear_on_gpu():
     small = temp_bytes("triton", 16384, heads=16, head_dim=128)
     large = temp_bytes("triton", 65536, heads=16, head_dim=128)
     print(
-        f"\ntriton fwd+bwd temp bytes: T=16k {small / 2**20:.1f} MiB, "
+        f"\nMEASURED triton fwd+bwd temp bytes: T=16k {small / 2**20:.1f} MiB, "
         f"T=64k {large / 2**20:.1f} MiB, ratio {large / max(small, 1):.2f}"
     )
     assert large <= 5 * max(small, 1), (small, large)
