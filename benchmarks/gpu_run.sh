@@ -10,7 +10,10 @@ run_id="$(date +%Y%m%d-%H%M%S)-$commit"
 for step in "$@"; do
   echo "== $step $(date +%T)"
   case $step in
-    tests) timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider -rA -s \
+    # Tests compile many small shapes: XLA's GEMM autotuner would dominate, so it is off
+    # for them (it changes speed, not results), and 8 processes share the GPU.
+    tests) XLA_FLAGS=--xla_gpu_autotune_level=0 XLA_PYTHON_CLIENT_PREALLOCATE=false \
+             timeout 330 python3 -m pytest -m gpu -q -p no:cacheprovider -rA -n 8 \
              > "$OUT/gpu-tests.log" 2>&1; echo "pytest rc=$?"; tail -3 "$OUT/gpu-tests.log" ;;
     memory-ours) timeout 200 python3 -m benchmarks.bench --suite memory --commit "$commit" \
              --run-id "$run_id" --impls pallas_flash:triton --out "$OUT/memory.jsonl" ;;
