@@ -13,7 +13,7 @@ for step in "$@"; do
     # Tests compile many small shapes: XLA's GEMM autotuner would dominate, so it is off
     # for them (it changes speed, not results), and 8 processes share the GPU.
     tests) XLA_FLAGS=--xla_gpu_autotune_level=0 XLA_PYTHON_CLIENT_PREALLOCATE=false \
-             timeout 330 python3 -m pytest -m gpu -q -p no:cacheprovider -rA -n 8 \
+             timeout 330 python3 -m pytest -m gpu -q -p no:cacheprovider -p no:benchmark -rA -n 8 \
              > "$OUT/gpu-tests.log" 2>&1; echo "pytest rc=$?"; tail -3 "$OUT/gpu-tests.log" ;;
     memory-ours) timeout 200 python3 -m benchmarks.bench --suite memory --commit "$commit" \
              --run-id "$run_id" --impls pallas_flash:triton --out "$OUT/memory.jsonl" ;;

@@ -25,7 +25,9 @@ def load(paths) -> list[dict]:
 
 
 def _seq_label(t: int) -> str:
-    return f"{t // 1024}k" if t >= 1024 else str(t)
+    if t >= 1 << 20:
+        return f"{t >> 20}M"
+    return f"{t >> 10}k" if t >= 1024 else str(t)
 
 
 def _ours(impl: str) -> bool:
@@ -114,6 +116,8 @@ def memory_table(rows: list[dict]) -> str:
                 if r["peak_bytes"] is not None:
                     v += f" ({r['peak_bytes'] / 2**20:,.0f})"
                     longest = t
+                else:
+                    v += " (compiled, not run)"
                 vals.append(v)
         out.append(
             f"| {impl} | " + " | ".join(vals) + f" | {_seq_label(longest) if longest else '-'} |"
