@@ -88,9 +88,12 @@ def flash_attention(
       causal_alignment: "top_left" (jax.nn's) or "bottom_right" (see above).
       query_seq_lengths: int [B], valid query lengths.
       key_value_seq_lengths: int [B], valid key/value lengths.
-      local_window_size: jax.nn's (left, right) window ("xla" only, for now).
+      local_window_size: an int w (= (w, w)) or (left, right): query i attends keys
+        within [diag - left, diag + right] of its diagonal (jax.nn's meaning, with the
+        diagonal aligned as `causal_alignment` says); tiles outside are skipped.
       segment_ids: [B, T] ids for self-attention, or a pair ([B, T], [B, S]); a query
-        attends only keys of its own segment ("xla" only, for now).
+        attends only keys with its own id (packed sequences). With non-decreasing ids
+        the tiles between documents are skipped; other ids are masked tile by tile.
       implementation: "triton", "xla_blockwise", "xla", or None for the best available.
       return_residual: also return the logsumexp, [B, T, N] float32 (differentiable).
       config: tile config of the forward pass (`TritonConfig` for "triton",
@@ -158,7 +161,10 @@ def flash_attention(
             interpret=backend == "triton" and jax.default_backend() != "gpu",
         )
         q_len, kv_len = masks.lengths_or_full(query_seq_lengths, key_value_seq_lengths, B, T, S)
-        out, lse = vjp.attention(plan, query, key, value, q_len, kv_len)
+        segments = call["segment_ids"]
+        if segments is not None:
+            segments = tuple(x.astype(jnp.int32) for x in segments)
+        out, lse = vjp.attention(plan, query, key, value, q_len, kv_len, segments)
     if return_residual:
         return out, jnp.swapaxes(lse, 1, 2)  # [B, N, T] -> [B, T, N], as jax.nn
     return out
@@ -308,6 +314,7 @@ def _validate(
         causal=bool(is_causal),
         bottom_right=causal_alignment == "bottom_right",
         local_window=window,
+        segments=segment_ids is not None,
     )
     return dict(
         scale=float(scale),
@@ -337,8 +344,6 @@ def _unsupported(backend: str, call) -> str | None:
         for name, present in (
             ("bias", call["bias"] is not None),
             ("mask", call["mask"] is not None),
-            ("local_window_size", call["spec"].local_window is not None),
-            ("segment_ids", call["segment_ids"] is not None),
         )
         if present
     ]

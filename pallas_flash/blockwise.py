@@ -36,16 +36,38 @@ def _tiles(x, block: int):
     return jnp.moveaxis(x.reshape(B, s_pad // block, block, K, H), 1, 0)
 
 
-def _tile_keep(spec, j, block, seq_q, q_len, kv_len):
+def _tile_keep(spec, j, block, seq_q, q_len, kv_len, segments, kv_seg_j):
     """Boolean [B, 1, 1, T, block] mask of key tile j."""
     rows = jnp.arange(seq_q)[None, :, None]
     cols = (j * block + jnp.arange(block))[None, None, :]
     diag = masks.offset(spec, q_len, kv_len)[:, None, None]
-    keep = masks.tile_mask(spec, rows, cols, kv_len[:, None, None], diag)
+    segs = None if segments is None else (segments[0][:, :, None], kv_seg_j[:, None, :])
+    keep = masks.tile_mask(spec, rows, cols, kv_len[:, None, None], diag, segs)
     return keep[:, None, None]
 
 
-def forward(q, k, v, q_len, kv_len, *, spec: masks.MaskSpec, scale: float, config: BlockwiseConfig):
+def _kv_seg_tiles(segments, block: int):
+    """Key segment ids as [n_tiles, B, block] (padding is masked by kv_len anyway)."""
+    if segments is None:
+        return None
+    kv_seg = segments[1]
+    B, S = kv_seg.shape
+    kv_seg = jnp.pad(kv_seg, [(0, 0), (0, -S % block)], mode="edge")
+    return jnp.moveaxis(kv_seg.reshape(B, -1, block), 1, 0)
+
+
+def forward(
+    q,
+    k,
+    v,
+    q_len,
+    kv_len,
+    segments=None,
+    *,
+    spec: masks.MaskSpec,
+    scale: float,
+    config: BlockwiseConfig,
+):
     """Returns O [B, T, N, H] in q's dtype and the logsumexp [B, N, T] float32."""
     B, T, N, H = q.shape
     _, S, K, _ = k.shape
@@ -56,9 +78,10 @@ def forward(q, k, v, q_len, kv_len, *, spec: masks.MaskSpec, scale: float, confi
 
     def step(carry, xs):
         acc, m_i, l_i = carry  # [B, K, G, T, H], [B, K, G, T], [B, K, G, T]
-        j, k_j, v_j = xs
+        j, k_j, v_j, seg_j = xs
         s = jnp.einsum("btkgh,bskh->bkgts", qg, k_j, **mm) * (scale * LOG2E)
-        s = jnp.where(_tile_keep(spec, j, block, T, q_len, kv_len), s, -jnp.inf)
+        keep = _tile_keep(spec, j, block, T, q_len, kv_len, segments, seg_j)
+        s = jnp.where(keep, s, -jnp.inf)
         m_new = jnp.maximum(m_i, s.max(-1))
         m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # empty so far: avoid inf - inf
         alpha = jnp.exp2(m_i - m_use)
@@ -73,7 +96,8 @@ def forward(q, k, v, q_len, kv_len, *, spec: masks.MaskSpec, scale: float, confi
         jnp.full((B, K, G, T), -jnp.inf, jnp.float32),
         jnp.zeros((B, K, G, T), jnp.float32),
     )
-    (acc, m_i, l_i), _ = lax.scan(step, init, (jnp.arange(k_t.shape[0]), k_t, v_t))
+    xs = (jnp.arange(k_t.shape[0]), k_t, v_t, _kv_seg_tiles(segments, block))
+    (acc, m_i, l_i), _ = lax.scan(step, init, xs)
 
     q_valid = (jnp.arange(T)[None, :] < q_len[:, None])[:, None, None, :]  # [B, 1, 1, T]
     empty = (l_i == 0.0) | ~q_valid
@@ -94,6 +118,7 @@ def backward(
     dlse,
     q_len,
     kv_len,
+    segments=None,
     *,
     spec: masks.MaskSpec,
     scale: float,
@@ -120,9 +145,10 @@ def backward(
     lse2 = jnp.where(jnp.isneginf(lse), jnp.inf, lse * LOG2E).reshape(B, K, G, T)
 
     def step(dq, xs):
-        j, k_j, v_j = xs
+        j, k_j, v_j, seg_j = xs
         s = jnp.einsum("btkgh,bskh->bkgts", qg, k_j, **mm) * (scale * LOG2E)
-        s = jnp.where(_tile_keep(spec, j, block, T, q_len, kv_len), s, -jnp.inf)
+        keep = _tile_keep(spec, j, block, T, q_len, kv_len, segments, seg_j)
+        s = jnp.where(keep, s, -jnp.inf)
         p = jnp.exp2(s - lse2[..., None])  # [B, K, G, T, block]
         dv_j = jnp.einsum("bkgts,btkgh->bskh", p.astype(do.dtype), dog, **mm)
         dp = jnp.einsum("btkgh,bskh->bkgts", dog, v_j, **mm)
@@ -133,7 +159,8 @@ def backward(
 
     k_t, v_t = _tiles(k, block), _tiles(v, block)
     dq0 = jnp.zeros((B, T, K, G, H), jnp.float32)
-    dq, (dk_t, dv_t) = lax.scan(step, dq0, (jnp.arange(k_t.shape[0]), k_t, v_t))
+    xs = (jnp.arange(k_t.shape[0]), k_t, v_t, _kv_seg_tiles(segments, block))
+    dq, (dk_t, dv_t) = lax.scan(step, dq0, xs)
 
     def untile(x):
         return jnp.moveaxis(x, 0, 1).reshape(B, -1, K, H)[:, :S]

@@ -1,20 +1,27 @@
 """Which (query, key) pairs attend: the mask description and its per-tile arithmetic.
 
-The kernels never build a dense mask. They receive a `MaskSpec` (static) and the
-per-batch valid lengths (dynamic), and from those derive, per tile, whether the tile is
-skipped (no loads, no FLOPs), fully visible (no mask applied) or on a boundary (masked
-element-wise). The reference builds the same mask densely with `dense_mask`.
+The kernels never build a dense mask. They receive a `MaskSpec` (static), the per-batch
+valid lengths and, for segment ids, per-tile metadata (dynamic, linear in the sequence
+length), and from those derive for each tile pair whether it is skipped (no loads, no
+FLOPs), fully visible (no mask applied) or on a boundary (masked element-wise). Every
+constraint makes the visible key tiles of a query tile an interval, and the fully
+visible ones a sub-interval, so a kernel runs three loops: masked, unmasked, masked.
+The reference builds the same mask densely with `dense_mask`.
 
 Positions. Query row i and key column j are aligned through a per-batch `offset`:
-key j is "at or before" query i when j <= i + offset. With jax.nn's (top-left)
-alignment the offset is 0; with bottom-right alignment (KV-cache decoding, where the
-queries are the last T of the keys) it is kv_len - q_len of that batch element.
+the diagonal of row i is column i + offset. With jax.nn's (top-left) alignment the
+offset is 0; with bottom-right alignment (KV-cache decoding, where the queries are the
+last T of the keys) it is kv_len - q_len of that batch element.
 
     top-left, T=3, S=5          bottom-right, T=3, S=5
         k0 k1 k2 k3 k4              k0 k1 k2 k3 k4
     q0   x  .  .  .  .          q0   x  x  x  .  .
     q1   x  x  .  .  .          q1   x  x  x  x  .
     q2   x  x  x  .  .          q2   x  x  x  x  x
+
+Causal keeps j <= diag; a local window (left, right) keeps diag - left <= j <= diag + right
+(jax.nn's meaning); segment ids keep pairs with equal ids; lengths drop keys j >= kv_len
+and make query rows i >= q_len padding (output 0).
 """
 
 from __future__ import annotations
@@ -28,15 +35,34 @@ from jax import lax
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MaskSpec:
-    """The static part of a mask: causal and its alignment, local window."""
+    """The static part of a mask: causal and its alignment, window, whether segments exist."""
 
     causal: bool = False
     bottom_right: bool = False
     local_window: tuple[int, int] | None = None
+    segments: bool = False
 
     @property
     def uses_offset(self) -> bool:
         return self.bottom_right and (self.causal or self.local_window is not None)
+
+    @property
+    def left(self) -> int | None:
+        """How far left of the diagonal a row sees (None: unbounded)."""
+        return None if self.local_window is None else self.local_window[0]
+
+    @property
+    def right(self) -> int | None:
+        """How far right of the diagonal a row sees (None: unbounded)."""
+        bounds = [
+            b
+            for b in (
+                0 if self.causal else None,
+                None if self.local_window is None else self.local_window[1],
+            )
+            if b is not None
+        ]
+        return min(bounds) if bounds else None
 
 
 def lengths_or_full(
@@ -57,7 +83,7 @@ def lengths_or_full(
 
 
 def offset(spec: MaskSpec, q_len, kv_len):
-    """Key position minus query position on the causal diagonal (see module doc)."""
+    """Column of row 0's diagonal (see module doc)."""
     if spec.uses_offset:
         return kv_len - q_len
     return jnp.zeros_like(kv_len)
@@ -75,24 +101,24 @@ def dense_mask(
     """The full boolean mask, [B, 1, T, S]: True where query i may attend key j."""
     rows = jnp.arange(seq_q)[None, :, None]
     cols = jnp.arange(seq_kv)[None, None, :]
-    diag = rows + offset(spec, q_len, kv_len)[:, None, None]  # [B, T, 1]
-    keep = cols < kv_len[:, None, None]
-    if spec.causal:
-        keep = keep & (cols <= diag)
-    if spec.local_window is not None:
-        left, right = spec.local_window
-        keep = keep & (cols >= diag - left) & (cols <= diag + right)
-    if segment_ids is not None:
-        q_seg, kv_seg = segment_ids
-        keep = keep & (q_seg[:, :, None] == kv_seg[:, None, :])
-    return keep[:, None]
+    diag = offset(spec, q_len, kv_len)[:, None, None]
+    seg = None if segment_ids is None else (segment_ids[0][:, :, None], segment_ids[1][:, None, :])
+    keep = tile_mask(spec, rows, cols, kv_len[:, None, None], diag, seg)
+    return jnp.broadcast_to(keep, (q_len.shape[0], seq_q, seq_kv))[:, None]
 
 
-def tile_mask(spec: MaskSpec, rows, cols, kv_len, diag_offset):
-    """Element mask of one tile; `rows` [bq, 1] and `cols` [1, bk] are absolute positions."""
+def tile_mask(spec: MaskSpec, rows, cols, kv_len, diag, segments=None):
+    """Element mask of a tile from absolute positions `rows` [.., bq, 1], `cols` [.., 1, bk].
+
+    `segments` is (query ids [.., bq, 1], key ids [.., 1, bk]) when the call has them.
+    """
     keep = cols < kv_len
-    if spec.causal:
-        keep = keep & (cols <= rows + diag_offset)
+    if spec.right is not None:
+        keep = keep & (cols <= rows + diag + spec.right)
+    if spec.left is not None:
+        keep = keep & (cols >= rows + diag - spec.left)
+    if segments is not None:
+        keep = keep & (segments[0] == segments[1])
     return keep
 
 
@@ -100,42 +126,104 @@ def _cdiv(a, b: int):
     return lax.div(a + (b - 1), b)
 
 
-def kv_tile_range(spec: MaskSpec, q0, block_q: int, block_kv: int, q_len, kv_len, diag):
-    """For the query tile starting at row q0: (n_full, n_tiles) key/value tiles.
+def _tiles(lo_any, hi_any, lo_all, hi_all, block: int):
+    """Position intervals -> tile intervals (lo, full_lo, full_hi, hi), clamped to nest."""
+    lo = lax.div(jnp.maximum(lo_any, 0), block)
+    hi = jnp.maximum(_cdiv(jnp.maximum(hi_any, 0), block), lo)
+    full_lo = jnp.clip(_cdiv(jnp.maximum(lo_all, 0), block), lo, hi)
+    full_hi = jnp.clip(lax.div(jnp.maximum(hi_all, 0), block), full_lo, hi)
+    return lo, full_lo, full_hi, hi
 
-    Tiles [0, n_full) are visible to every row of the query tile and need no mask;
-    tiles [n_full, n_tiles) need the element mask; tiles from n_tiles on are skipped.
+
+def intersect(a, b):
+    """Intersection of two (lo, full_lo, full_hi, hi) tile intervals."""
+    lo, hi = jnp.maximum(a[0], b[0]), jnp.minimum(a[3], b[3])
+    hi = jnp.maximum(hi, lo)
+    full_lo = jnp.clip(jnp.maximum(a[1], b[1]), lo, hi)
+    full_hi = jnp.clip(jnp.minimum(a[2], b[2]), full_lo, hi)
+    return lo, full_lo, full_hi, hi
+
+
+def kv_tile_range(spec: MaskSpec, q0, block_q: int, block_kv: int, q_len, kv_len, diag):
+    """Key/value tiles for the query tile starting at row q0: (lo, full_lo, full_hi, hi).
+
+    Tiles [full_lo, full_hi) are visible to every row and need no mask; tiles in
+    [lo, full_lo) and [full_hi, hi) need the element mask; the rest are skipped.
     """
-    hi = kv_len
-    full = kv_len
-    if spec.causal:
-        # The last row of the tile sees keys <= q0 + block_q - 1 + diag; the first
-        # row sees keys <= q0 + diag.
-        hi = jnp.minimum(hi, q0 + block_q + diag)
-        full = jnp.minimum(full, q0 + 1 + diag)
-    hi = jnp.where(q0 < q_len, jnp.maximum(hi, 0), 0)  # padding-only tiles do nothing
-    n_tiles = _cdiv(hi, block_kv)
-    n_full = jnp.minimum(lax.div(jnp.maximum(full, 0), block_kv), n_tiles)
-    return n_full, n_tiles
+    first, last = q0 + diag, q0 + block_q - 1 + diag  # diagonals of the first/last row
+    hi_any, hi_all = kv_len, kv_len
+    lo_any, lo_all = jnp.zeros_like(kv_len), jnp.zeros_like(kv_len)
+    if spec.right is not None:
+        hi_any = jnp.minimum(hi_any, last + spec.right + 1)
+        hi_all = jnp.minimum(hi_all, first + spec.right + 1)
+    if spec.left is not None:
+        lo_any = jnp.maximum(lo_any, first - spec.left)
+        lo_all = jnp.maximum(lo_all, last - spec.left)
+    hi_any = jnp.where(q0 < q_len, hi_any, 0)  # padding-only query tiles do nothing
+    return _tiles(lo_any, hi_any, lo_all, hi_all, block_kv)
 
 
 def q_tile_range(spec: MaskSpec, k0, block_q: int, block_kv: int, q_len, kv_len, diag):
-    """For the key tile starting at column k0: (lo, start_full, hi) query tiles.
+    """Query tiles for the key tile starting at column k0: (lo, full_lo, full_hi, hi)."""
+    k_last = k0 + block_kv - 1
+    lo_any, lo_all = jnp.zeros_like(q_len), jnp.zeros_like(q_len)
+    # Rows at or past q_len carry lse = +inf in the backward pass, so P is 0 there
+    # without a mask: the tile holding the last valid row can still run unmasked.
+    hi_any, hi_all = q_len, _cdiv(q_len, block_q) * block_q
+    if spec.right is not None:  # row r sees column c when c <= r + diag + right
+        lo_any = jnp.maximum(lo_any, k0 - diag - spec.right)
+        lo_all = jnp.maximum(lo_all, k_last - diag - spec.right)
+    if spec.left is not None:  # ... and when c >= r + diag - left
+        hi_any = jnp.minimum(hi_any, k_last - diag + spec.left + 1)
+        hi_all = jnp.minimum(hi_all, k0 - diag + spec.left + 1)
+    hi_any = jnp.where(k0 < kv_len, hi_any, 0)  # a padding-only key tile does nothing
+    hi_all = jnp.where(k_last < kv_len, hi_all, 0)  # one that runs past kv_len is masked
+    return _tiles(lo_any, hi_any, lo_all, hi_all, block_q)
 
-    Query tiles [lo, start_full) need the element mask, [start_full, hi) need none,
-    and the rest are skipped (they see none of this key tile).
+
+def segment_tile_ranges(q_seg, kv_seg, block_q: int, block_kv: int):
+    """Per-tile intervals from segment ids, computed in XLA before the kernels.
+
+    Returns ([B, nq, 4] key-tile intervals per query tile, [B, nk, 4] query-tile
+    intervals per key tile), each row (lo, full_lo, full_hi, hi). When the ids are
+    non-decreasing (packed sequences), tiles whose id ranges do not meet are skipped
+    and tiles holding a single shared id need no mask; otherwise every tile is
+    visited with the element mask. Linear in the sequence length.
     """
-    hi = jnp.where(k0 < kv_len, _cdiv(q_len, block_q), 0)
-    lo = jnp.zeros_like(hi)
-    if spec.causal:
-        # Row r sees column k0 when k0 <= r + diag, so rows below k0 - diag see nothing.
-        lo = lax.div(jnp.maximum(k0 - diag, 0), block_q)
-        # Every row of the tile sees the whole key tile once q0 >= k0 + block_kv - 1 - diag.
-        start_full = _cdiv(jnp.maximum(k0 + block_kv - 1 - diag, 0), block_q)
-    else:
-        start_full = lo
-    # A key tile that runs past kv_len is masked for every query tile.
-    start_full = jnp.where(k0 + block_kv <= kv_len, start_full, hi)
-    lo = jnp.minimum(lo, hi)
-    start_full = jnp.clip(start_full, lo, hi)
-    return lo, start_full, hi
+    return (
+        _seg_ranges(q_seg, kv_seg, block_q, block_kv),
+        _seg_ranges(kv_seg, q_seg, block_kv, block_q),
+    )
+
+
+def _tile_min_max(ids, block: int):
+    B, n = ids.shape
+    pad = -n % block
+    ids = jnp.pad(ids, [(0, 0), (0, pad)], mode="edge").reshape(B, -1, block)
+    return ids.min(-1), ids.max(-1)
+
+
+def _seg_ranges(own, other, block_own: int, block_other: int):
+    own_min, own_max = _tile_min_max(own, block_own)  # [B, n_own]
+    oth_min, oth_max = _tile_min_max(other, block_other)  # [B, n_other]
+    n_other = oth_min.shape[1]
+    sorted_ = jnp.all(jnp.diff(other, axis=1) >= 0, axis=1)[:, None]  # [B, 1]
+    search = jax.vmap(jnp.searchsorted, in_axes=(0, 0, None))
+    lo = search(oth_max, own_min, "left")  # first tile whose ids reach own_min
+    hi = search(oth_min, own_max, "right")  # tiles starting at or below own_max
+    single = own_min == own_max
+    full_lo = search(oth_min, own_min, "left")  # tiles entirely equal to the one id
+    full_hi = search(oth_max, own_min, "right")
+    full_lo = jnp.where(single, full_lo, lo)
+    full_hi = jnp.where(single, full_hi, lo)
+    out = [
+        jnp.where(sorted_, x, default)
+        for x, default in ((lo, 0), (full_lo, 0), (full_hi, 0), (hi, n_other))
+    ]
+    return jnp.stack(_tiles_clamp(*out), axis=-1).astype(jnp.int32)
+
+
+def _tiles_clamp(lo, full_lo, full_hi, hi):
+    hi = jnp.maximum(hi, lo)
+    full_lo = jnp.clip(full_lo, lo, hi)
+    return lo, full_lo, jnp.clip(full_hi, full_lo, hi), hi

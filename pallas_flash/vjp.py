@@ -32,77 +32,44 @@ class Plan:
     interpret: bool = False
 
 
-def _forward(plan: Plan, q, k, v, q_len, kv_len):
+def _kernels(plan: Plan):
+    """The plan's forward and backward functions, with everything static bound."""
     if plan.backend == "triton":
-        return triton_forward.forward(
-            q,
-            k,
-            v,
-            q_len,
-            kv_len,
-            spec=plan.spec,
-            scale=plan.scale,
-            config=plan.fwd_config,
-            interpret=plan.interpret,
+        fwd, bwd, extra = (
+            triton_forward.forward,
+            triton_backward.backward,
+            {"interpret": plan.interpret},
         )
-    if plan.backend == "xla_blockwise":
-        return blockwise.forward(
-            q, k, v, q_len, kv_len, spec=plan.spec, scale=plan.scale, config=plan.fwd_config
-        )
-    raise ValueError(f"no kernel backend named {plan.backend!r}")
-
-
-def _backward(plan: Plan, q, k, v, o, lse, do, dlse, q_len, kv_len):
-    if plan.backend == "triton":
-        return triton_backward.backward(
-            q,
-            k,
-            v,
-            o,
-            lse,
-            do,
-            dlse,
-            q_len,
-            kv_len,
-            spec=plan.spec,
-            scale=plan.scale,
-            config=plan.bwd_config,
-            interpret=plan.interpret,
-        )
-    if plan.backend == "xla_blockwise":
-        return blockwise.backward(
-            q,
-            k,
-            v,
-            o,
-            lse,
-            do,
-            dlse,
-            q_len,
-            kv_len,
-            spec=plan.spec,
-            scale=plan.scale,
-            config=plan.bwd_config,
-        )
-    raise ValueError(f"no kernel backend named {plan.backend!r}")
+    elif plan.backend == "xla_blockwise":
+        fwd, bwd, extra = blockwise.forward, blockwise.backward, {}
+    else:
+        raise ValueError(f"no kernel backend named {plan.backend!r}")
+    common = dict(spec=plan.spec, scale=plan.scale, **extra)
+    return (
+        functools.partial(fwd, config=plan.fwd_config, **common),
+        functools.partial(bwd, config=plan.bwd_config, **common),
+    )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def attention(plan: Plan, q, k, v, q_len, kv_len):
-    """Returns (o [B, T, N, H], lse [B, N, T] float32, natural log, -inf on empty rows)."""
-    return _forward(plan, q, k, v, q_len, kv_len)
+def attention(plan: Plan, q, k, v, q_len, kv_len, segments=None):
+    """Returns (o [B, T, N, H], lse [B, N, T] float32, natural log, -inf on empty rows).
+
+    `segments` is None or (query ids [B, T], key ids [B, S]) int32.
+    """
+    return _kernels(plan)[0](q, k, v, q_len, kv_len, segments)
 
 
-def _attention_fwd(plan, q, k, v, q_len, kv_len):
-    o, lse = _forward(plan, q, k, v, q_len, kv_len)
-    return (o, lse), (q, k, v, o, lse, q_len, kv_len)
+def _attention_fwd(plan, q, k, v, q_len, kv_len, segments=None):
+    o, lse = _kernels(plan)[0](q, k, v, q_len, kv_len, segments)
+    return (o, lse), (q, k, v, o, lse, q_len, kv_len, segments)
 
 
 def _attention_bwd(plan, residuals, cotangents):
-    q, k, v, o, lse, q_len, kv_len = residuals
+    q, k, v, o, lse, q_len, kv_len, segments = residuals
     do, dlse = cotangents
-    dq, dk, dv = _backward(plan, q, k, v, o, lse, do, dlse, q_len, kv_len)
-    return dq, dk, dv, None, None
+    dq, dk, dv = _kernels(plan)[1](q, k, v, o, lse, do, dlse, q_len, kv_len, segments)
+    return dq, dk, dv, None, None, None
 
 
 attention.defvjp(_attention_fwd, _attention_bwd)

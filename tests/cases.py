@@ -35,6 +35,9 @@ class Case:
     bottom_right: bool = False
     q_lens: tuple[int, ...] | None = None
     kv_lens: tuple[int, ...] | None = None
+    window: tuple[int, int] | None = None
+    # Segment ids per batch element: (query ids, key ids), each a tuple of tuples.
+    segments: tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]] | None = None
 
     @property
     def id(self) -> str:
@@ -50,15 +53,24 @@ class Case:
             parts.append("causal-br" if self.bottom_right else "causal")
         if self.q_lens or self.kv_lens:
             parts.append(f"len{self.q_lens}-{self.kv_lens}")
+        if self.window:
+            parts.append(f"win{self.window[0]}-{self.window[1]}")
+        if self.segments:
+            parts.append(f"seg{len(set(self.segments[0][0]))}")
         return "_".join(parts).replace(" ", "")
 
     def kwargs(self) -> dict:
         lens = lambda x: None if x is None else jnp.asarray(x, jnp.int32)  # noqa: E731
+        segs = None
+        if self.segments:
+            segs = tuple(jnp.asarray(x, jnp.int32) for x in self.segments)
         return dict(
             is_causal=self.causal,
             causal_alignment="bottom_right" if self.bottom_right else "top_left",
             query_seq_lengths=lens(self.q_lens),
             key_value_seq_lengths=lens(self.kv_lens),
+            local_window_size=self.window,
+            segment_ids=segs,
         )
 
     def inputs(self, seed: int = 0):
@@ -76,6 +88,17 @@ def _ragged(length: int, batch: int, i: int) -> tuple[int, ...]:
     """Valid lengths for a padded batch: one full, the rest cut at varied points."""
     cuts = [length, max(1, (length * 2) // 3), max(0, length // 3 - i % 2)]
     return tuple(cuts[j % 3] for j in range(batch))
+
+
+def packed(lengths_per_batch, total: int) -> tuple[tuple[int, ...], ...]:
+    """Segment ids of packed documents: consecutive runs of the given lengths, then padding
+    (the last id continues to the end)."""
+    out = []
+    for lengths in lengths_per_batch:
+        ids = [i for i, n in enumerate(lengths) for _ in range(n)]
+        ids += [len(lengths) - 1] * (total - len(ids))
+        out.append(tuple(ids[:total]))
+    return tuple(out)
 
 
 def table() -> list[Case]:
@@ -128,6 +151,58 @@ def table() -> list[Case]:
         # Head dims off the table: tiny and odd.
         Case(1, 33, 65, 2, 1, 1, jnp.float32, causal=True),
         Case(1, 65, 33, 2, 2, 96, jnp.bfloat16),
+        # Local windows: symmetric, causal sliding window, bottom-right with T != S.
+        Case(2, 257, 257, 4, 2, 64, jnp.bfloat16, window=(40, 40)),
+        Case(2, 300, 300, 4, 1, 32, jnp.float16, causal=True, window=(64, 0)),
+        Case(
+            2,
+            97,
+            257,
+            4,
+            4,
+            80,
+            jnp.float32,
+            causal=True,
+            bottom_right=True,
+            window=(20, 3),
+            kv_lens=(257, 200),
+        ),
+        Case(1, 128, 128, 2, 2, 32, jnp.float32, window=(0, 0)),  # each row sees one key
+        # Segment ids: packed documents (causal, GQA, ragged), cross-attention with T != S,
+        # and non-monotone ids (no tile can be skipped; every tile masked).
+        Case(
+            2,
+            300,
+            300,
+            4,
+            2,
+            64,
+            jnp.bfloat16,
+            causal=True,
+            kv_lens=(300, 250),
+            segments=(packed([(100, 150, 50), (7, 200, 93)], 300),) * 2,
+        ),
+        Case(
+            2,
+            97,
+            257,
+            4,
+            1,
+            32,
+            jnp.float16,
+            segments=(packed([(30, 67), (97,)], 97), packed([(100, 157), (257,)], 257)),
+        ),
+        Case(
+            2,
+            130,
+            130,
+            4,
+            4,
+            128,
+            jnp.float32,
+            window=(30, 10),
+            segments=(tuple(tuple((i * 7 // 3) % 3 for i in range(130)) for _ in range(2)),) * 2,
+        ),
     ]
     return cases
 

@@ -164,15 +164,10 @@ def test_config_for_the_wrong_backend():
     )
 
 
-@pytest.mark.parametrize("arg", ["bias", "mask", "local_window_size", "segment_ids"])
+@pytest.mark.parametrize("arg", ["bias", "mask"])
 @pytest.mark.parametrize("impl", ["triton", "xla_blockwise"])
 def test_later_features_raise_on_kernel_paths(arg, impl):
-    value = {
-        "bias": jnp.zeros((1, 1, T, S)),
-        "mask": jnp.ones((1, 1, T, S), bool),
-        "local_window_size": (2, 0),
-        "segment_ids": (jnp.zeros((B, T), jnp.int32), jnp.zeros((B, S), jnp.int32)),
-    }[arg]
+    value = {"bias": jnp.zeros((1, 1, T, S)), "mask": jnp.ones((1, 1, T, S), bool)}[arg]
     expect(
         NotImplementedError,
         f"{arg} not yet supported by '{impl}'",
@@ -185,9 +180,9 @@ def test_later_features_raise_on_kernel_paths(arg, impl):
 def test_default_falls_back_to_xla_for_later_features():
     """implementation=None serves the call with the first backend that can."""
     q, k, v = qkv()
-    seg = (jnp.zeros((B, T), jnp.int32), jnp.zeros((B, S), jnp.int32))
-    got = flash_attention(q, k, v, segment_ids=seg)
-    want = flash_attention(q, k, v, segment_ids=seg, implementation="xla")
+    bias = jnp.ones((1, 1, T, S)) * jnp.arange(S)
+    got = flash_attention(q, k, v, bias=bias)
+    want = flash_attention(q, k, v, bias=bias, implementation="xla")
     np.testing.assert_array_equal(got, want)
 
 

@@ -31,7 +31,9 @@ def run_reference(case: Case, seed: int = 0, *, upcast: bool):
     if upcast:
         q, k, v, do = (x.astype(jnp.float32) for x in (q, k, v, do))
     kw = case.kwargs()
-    spec = masks.MaskSpec(causal=case.causal, bottom_right=case.bottom_right)
+    spec = masks.MaskSpec(
+        causal=case.causal, bottom_right=case.bottom_right, local_window=case.window
+    )
 
     def f(q, k, v):
         o, lse = reference.attention(
@@ -43,6 +45,7 @@ def run_reference(case: Case, seed: int = 0, *, upcast: bool):
             upcast=upcast,
             query_seq_lengths=kw["query_seq_lengths"],
             key_value_seq_lengths=kw["key_value_seq_lengths"],
+            segment_ids=kw["segment_ids"],
         )
         return o, lse
 

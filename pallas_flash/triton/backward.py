@@ -29,14 +29,24 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_flash import masks
 from pallas_flash.configs import TritonBwdConfig, fit_block, padded_head_dim
-from pallas_flash.triton.common import LOG2E, dot, load_tile, round_up, store_tile
+from pallas_flash.triton.common import (
+    LOG2E,
+    dot,
+    load_tile,
+    round_up,
+    segment_inputs,
+    store_tile,
+    three_loops,
+    tile_bounds,
+)
 
 
-def _probs(q, k, lse2, *, qk_scale, masked, spec, rows, cols, kv_len, diag):
+def _probs(q, k, lse2, *, qk_scale, masked, spec, rows, cols, kv_len, diag, segs):
     """P = exp2(S * scale * log2(e) - lse2), tile [block_q, block_kv], float32."""
     s = dot(q, k, trans_b=True) * qk_scale
     if masked:
-        s = jnp.where(masks.tile_mask(spec, rows, cols, kv_len, diag), s, -jnp.inf)
+        keep = masks.tile_mask(spec, rows, cols, kv_len, diag, segs)
+        s = jnp.where(keep, s, -jnp.inf)
     return jnp.exp2(s - lse2[:, None])
 
 
@@ -48,10 +58,8 @@ def _dkdv_kernel(
     v_ref,
     do_ref,
     lse_ref,
-    delta_ref,  # inputs
-    dk_ref,
-    dv_ref,  # outputs
-    *,
+    delta_ref,
+    *rest,
     spec,
     scale,
     block_q,
@@ -61,11 +69,18 @@ def _dkdv_kernel(
     head_dim,
     group,
 ):
-    k0 = pl.program_id(0) * block_kv
+    # rest = [q_seg_ref, kv_seg_ref, ranges_ref (with segments)], dk_ref, dv_ref
+    q_seg_ref, kv_seg_ref, ranges_ref = rest[:3] if spec.segments else (None, None, None)
+    dk_ref, dv_ref = rest[-2:]
+    j = pl.program_id(0)
+    k0 = j * block_kv
     q_len = q_len_ref[...]
     kv_len = kv_len_ref[...]
     diag = masks.offset(spec, q_len, kv_len)
-    lo, start_full, hi = masks.q_tile_range(spec, k0, block_q, block_kv, q_len, kv_len, diag)
+    bounds = tile_bounds(
+        spec, ranges_ref, j, k0, block_kv, block_q, q_len, kv_len, diag, over_kv=False
+    )
+    kv_seg = None if kv_seg_ref is None else kv_seg_ref[pl.ds(k0, block_kv)][None, :]
 
     k = load_tile(k_ref, k0, block_kv, seq_kv, head_dim)  # [block_kv, hp]
     v = load_tile(v_ref, k0, block_kv, seq_kv, head_dim)  # [block_kv, hp]
@@ -80,6 +95,7 @@ def _dkdv_kernel(
         lse2 = lse_ref[g, pl.ds(q0, block_q)]  # [block_q]
         delta = delta_ref[g, pl.ds(q0, block_q)]  # [block_q]
         rows = (q0 + jnp.arange(block_q))[:, None]
+        segs = None if kv_seg is None else (q_seg_ref[pl.ds(q0, block_q)][:, None], kv_seg)
         p = _probs(
             q,
             k,
@@ -91,6 +107,7 @@ def _dkdv_kernel(
             cols=cols,
             kv_len=kv_len,
             diag=diag,
+            segs=segs,
         )  # [block_q, block_kv]
         dv = dv + dot(p.astype(do.dtype), do, trans_a=True)  # [block_kv, hp]
         dp = dot(do, v, trans_b=True)  # [block_q, block_kv]
@@ -99,8 +116,7 @@ def _dkdv_kernel(
         return dk, dv
 
     def per_head(g, carry):
-        carry = lax.fori_loop(lo, start_full, functools.partial(body, g=g, masked=True), carry)
-        return lax.fori_loop(start_full, hi, functools.partial(body, g=g, masked=False), carry)
+        return three_loops(functools.partial(body, g=g), bounds, carry)
 
     hp = k.shape[-1]
     zeros = jnp.zeros((block_kv, hp), jnp.float32)
@@ -117,9 +133,8 @@ def _dq_kernel(
     v_ref,
     do_ref,
     lse_ref,
-    delta_ref,  # inputs
-    dq_ref,  # output
-    *,
+    delta_ref,
+    *rest,
     spec,
     scale,
     block_q,
@@ -128,6 +143,9 @@ def _dq_kernel(
     seq_kv,
     head_dim,
 ):
+    # rest = [q_seg_ref, kv_seg_ref, ranges_ref (with segments)], dq_ref
+    q_seg_ref, kv_seg_ref, ranges_ref = rest[:3] if spec.segments else (None, None, None)
+    dq_ref = rest[-1]
     num_q_tiles = pl.num_programs(0)
     i = pl.program_id(0)
     if spec.causal:
@@ -136,7 +154,10 @@ def _dq_kernel(
     q_len = q_len_ref[...]
     kv_len = kv_len_ref[...]
     diag = masks.offset(spec, q_len, kv_len)
-    n_full, n_tiles = masks.kv_tile_range(spec, q0, block_q, block_kv, q_len, kv_len, diag)
+    bounds = tile_bounds(
+        spec, ranges_ref, i, q0, block_q, block_kv, q_len, kv_len, diag, over_kv=True
+    )
+    q_seg = None if q_seg_ref is None else q_seg_ref[pl.ds(q0, block_q)][:, None]
 
     q = load_tile(q_ref, q0, block_q, seq_q, head_dim)  # [block_q, hp]
     do = load_tile(do_ref, q0, block_q, seq_q, head_dim)  # [block_q, hp]
@@ -150,6 +171,7 @@ def _dq_kernel(
         k = load_tile(k_ref, k0, block_kv, seq_kv, head_dim)
         v = load_tile(v_ref, k0, block_kv, seq_kv, head_dim)
         cols = (k0 + jnp.arange(block_kv))[None, :]
+        segs = None if q_seg is None else (q_seg, kv_seg_ref[pl.ds(k0, block_kv)][None, :])
         p = _probs(
             q,
             k,
@@ -161,14 +183,13 @@ def _dq_kernel(
             cols=cols,
             kv_len=kv_len,
             diag=diag,
+            segs=segs,
         )
         dp = dot(do, v, trans_b=True)  # [block_q, block_kv]
         ds = p * (dp - delta[:, None])
         return dq + dot(ds.astype(k.dtype), k)  # [block_q, hp]
 
-    dq = jnp.zeros(q.shape, jnp.float32)
-    dq = lax.fori_loop(0, n_full, functools.partial(body, masked=False), dq)
-    dq = lax.fori_loop(n_full, n_tiles, functools.partial(body, masked=True), dq)
+    dq = three_loops(body, bounds, jnp.zeros(q.shape, jnp.float32))
     store_tile(dq_ref, q0, dq * scale, seq_q, head_dim)
 
 
@@ -197,6 +218,7 @@ def backward(
     dlse,
     q_len,
     kv_len,
+    segments=None,
     *,
     spec: masks.MaskSpec,
     scale: float,
@@ -219,16 +241,29 @@ def backward(
     q_group = pl.BlockSpec((None, t_pad, G, hp), lambda j, b, h: (b, 0, h, 0))
     kv_head = pl.BlockSpec((None, s_pad, None, hp), lambda j, b, h: (b, 0, h, 0))
     stat_group = pl.BlockSpec((None, G, t_pad), lambda j, b, h: (b, h, 0))
+    seg_specs, seg_args = segment_inputs(
+        segments, bq, bk, t_pad, s_pad, lambda j, b, h: b, own_is_q=False
+    )
     dk, dv = pl.pallas_call(
         functools.partial(_dkdv_kernel, block_q=bq, block_kv=bk, group=G, **common),
         grid=(s_pad // bk, B, K),
-        in_specs=[per_len, per_len, q_group, kv_head, kv_head, q_group, stat_group, stat_group],
+        in_specs=[
+            per_len,
+            per_len,
+            q_group,
+            kv_head,
+            kv_head,
+            q_group,
+            stat_group,
+            stat_group,
+            *seg_specs,
+        ],
         out_specs=[kv_head, kv_head],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         compiler_params=params,
         interpret=interpret,
         name="pallas_flash_bwd_dkdv",
-    )(q_len, kv_len, q, k, v, do, lse2, delta)
+    )(q_len, kv_len, q, k, v, do, lse2, delta, *seg_args)
 
     # dQ: grid over query tiles of every query head.
     bq, bk = fit_block(config.block_q_dq, T), fit_block(config.block_kv_dq, S)
@@ -238,14 +273,27 @@ def backward(
     q_head = pl.BlockSpec((None, t_pad2, None, hp), lambda i, b, h: (b, 0, h, 0))
     kv_of_q = pl.BlockSpec((None, s_pad, None, hp), lambda i, b, h: (b, 0, h // G, 0))
     stat_head = pl.BlockSpec((None, None, t_pad2), lambda i, b, h: (b, h, 0))
+    seg_specs, seg_args = segment_inputs(
+        segments, bq, bk, t_pad2, s_pad, lambda i, b, h: b, own_is_q=True
+    )
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, block_q=bq, block_kv=bk, **common),
         grid=(t_pad2 // bq, B, N),
-        in_specs=[per_len, per_len, q_head, kv_of_q, kv_of_q, q_head, stat_head, stat_head],
+        in_specs=[
+            per_len,
+            per_len,
+            q_head,
+            kv_of_q,
+            kv_of_q,
+            q_head,
+            stat_head,
+            stat_head,
+            *seg_specs,
+        ],
         out_specs=q_head,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         compiler_params=params,
         interpret=interpret,
         name="pallas_flash_bwd_dq",
-    )(q_len, kv_len, q, k, v, do, lse2, delta)
+    )(q_len, kv_len, q, k, v, do, lse2, delta, *seg_args)
     return dq, dk, dv

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -9,6 +10,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
+
+from pallas_flash import masks
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -69,3 +72,50 @@ def store_tile(ref, start, value, seq: int, head_dim: int, head=None):
 
 def round_up(x: int, m: int) -> int:
     return -(-x // m) * m
+
+
+def three_loops(body, bounds, carry):
+    """Runs body over tiles [lo, full_lo) masked, [full_lo, full_hi) unmasked, [full_hi, hi) masked.
+
+    `body(j, carry, masked=...)`; `bounds` is masks.kv_tile_range's or q_tile_range's.
+    """
+    lo, full_lo, full_hi, hi = bounds
+    carry = lax.fori_loop(lo, full_lo, functools.partial(body, masked=True), carry)
+    carry = lax.fori_loop(full_lo, full_hi, functools.partial(body, masked=False), carry)
+    return lax.fori_loop(full_hi, hi, functools.partial(body, masked=True), carry)
+
+
+def tile_bounds(
+    spec, ranges_ref, tile, start, block_own, block_other, q_len, kv_len, diag, *, over_kv: bool
+):
+    """This tile's loop bounds: from the mask spec, intersected with segment metadata."""
+    fn = masks.kv_tile_range if over_kv else masks.q_tile_range
+    bq, bk = (block_own, block_other) if over_kv else (block_other, block_own)
+    bounds = fn(spec, start, bq, bk, q_len, kv_len, diag)
+    if ranges_ref is None:
+        return bounds
+    seg = tuple(ranges_ref[tile, c] for c in range(4))
+    return masks.intersect(bounds, seg)
+
+
+def segment_inputs(
+    segments, block_q: int, block_kv: int, t_pad: int, s_pad: int, batch_of, *, own_is_q: bool
+):
+    """BlockSpecs and arrays for the segment ids (padded to whole tiles) and tile ranges.
+
+    The kernel gets both id vectors of its batch element whole, and the [n_tiles, 4]
+    interval table of its own tiles (query tiles when `own_is_q`, else key tiles).
+    """
+    if segments is None:
+        return [], []
+    q_seg, kv_seg = (x.astype(jnp.int32) for x in segments)
+    per_q, per_kv = masks.segment_tile_ranges(q_seg, kv_seg, block_q, block_kv)
+    ranges = per_q if own_is_q else per_kv
+    q_seg = jnp.pad(q_seg, [(0, 0), (0, t_pad - q_seg.shape[1])], mode="edge")
+    kv_seg = jnp.pad(kv_seg, [(0, 0), (0, s_pad - kv_seg.shape[1])], mode="edge")
+
+    def spec_for(x):
+        return pl.BlockSpec((None, *x.shape[1:]), lambda *g: (batch_of(*g),) + (0,) * (x.ndim - 1))
+
+    args = [q_seg, kv_seg, ranges]
+    return [spec_for(x) for x in args], args

@@ -18,13 +18,22 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_flash import masks
 from pallas_flash.configs import TritonConfig, fit_block, padded_head_dim
-from pallas_flash.triton.common import LN2, LOG2E, dot, load_tile, round_up, store_tile
+from pallas_flash.triton.common import (
+    LN2,
+    LOG2E,
+    dot,
+    load_tile,
+    round_up,
+    segment_inputs,
+    store_tile,
+    three_loops,
+    tile_bounds,
+)
 
 
 def _forward_kernel(
@@ -32,10 +41,8 @@ def _forward_kernel(
     kv_len_ref,
     q_ref,
     k_ref,
-    v_ref,  # inputs
-    o_ref,
-    lse_ref,  # outputs
-    *,
+    v_ref,
+    *rest,
     spec: masks.MaskSpec,
     scale: float,
     block_q: int,
@@ -44,6 +51,9 @@ def _forward_kernel(
     seq_kv: int,
     head_dim: int,
 ):
+    # rest = [q_seg_ref, kv_seg_ref, ranges_ref (if segments)], o_ref, lse_ref
+    q_seg_ref, kv_seg_ref, ranges_ref = rest[:3] if spec.segments else (None, None, None)
+    o_ref, lse_ref = rest[-2:]
     num_q_tiles = pl.num_programs(0)
     i = pl.program_id(0)
     if spec.causal:
@@ -54,10 +64,13 @@ def _forward_kernel(
     q_len = q_len_ref[...]
     kv_len = kv_len_ref[...]
     diag = masks.offset(spec, q_len, kv_len)
-    n_full, n_tiles = masks.kv_tile_range(spec, q0, block_q, block_kv, q_len, kv_len, diag)
+    bounds = tile_bounds(
+        spec, ranges_ref, i, q0, block_q, block_kv, q_len, kv_len, diag, over_kv=True
+    )
 
     q = load_tile(q_ref, q0, block_q, seq_q, head_dim)  # [block_q, hp]
     rows = (q0 + jnp.arange(block_q))[:, None]  # [block_q, 1]
+    q_seg = None if q_seg_ref is None else q_seg_ref[pl.ds(q0, block_q)][:, None]
     # Softmax in base 2: exp(x * scale) = exp2(x * scale * log2(e)), one multiply per
     # score instead of a multiply inside exp.
     qk_scale = scale * LOG2E
@@ -69,7 +82,9 @@ def _forward_kernel(
         s = dot(q, k, trans_b=True) * qk_scale  # [block_q, block_kv], base-2 logits
         if masked:
             cols = (k0 + jnp.arange(block_kv))[None, :]
-            s = jnp.where(masks.tile_mask(spec, rows, cols, kv_len, diag), s, -jnp.inf)
+            segs = None if q_seg is None else (q_seg, kv_seg_ref[pl.ds(k0, block_kv)][None, :])
+            keep = masks.tile_mask(spec, rows, cols, kv_len, diag, segs)
+            s = jnp.where(keep, s, -jnp.inf)
         m_new = jnp.maximum(m_i, jnp.max(s, axis=1))  # [block_q]
         if masked:
             # A row that has seen only masked keys has max -inf; subtracting it would
@@ -90,8 +105,7 @@ def _forward_kernel(
         jnp.full((block_q,), -jnp.inf, jnp.float32),
         jnp.zeros((block_q,), jnp.float32),
     )
-    carry = lax.fori_loop(0, n_full, functools.partial(body, masked=False), carry)
-    acc, m_i, l_i = lax.fori_loop(n_full, n_tiles, functools.partial(body, masked=True), carry)
+    acc, m_i, l_i = three_loops(body, bounds, carry)
 
     # A fully masked row (l_i == 0) outputs 0 with logsumexp -inf, never 0/0.
     empty = (l_i == 0.0) | (rows[:, 0] >= q_len)
@@ -109,6 +123,7 @@ def forward(
     v: jax.Array,
     q_len: jax.Array,
     kv_len: jax.Array,
+    segments: tuple[jax.Array, jax.Array] | None = None,
     *,
     spec: masks.MaskSpec,
     scale: float,
@@ -140,10 +155,13 @@ def forward(
     per_len = pl.BlockSpec((None,), lambda i, b, h: (b,))
     q_spec = pl.BlockSpec((None, t_pad, None, hp), lambda i, b, h: (b, 0, h, 0))
     kv_spec = pl.BlockSpec((None, s_pad, None, hp), lambda i, b, h: (b, 0, h // G, 0))
+    seg_specs, seg_args = segment_inputs(
+        segments, block_q, block_kv, t_pad, s_pad, lambda i, b, h: b, own_is_q=True
+    )
     return pl.pallas_call(
         kernel,
         grid=(t_pad // block_q, B, N),
-        in_specs=[per_len, per_len, q_spec, kv_spec, kv_spec],
+        in_specs=[per_len, per_len, q_spec, kv_spec, kv_spec, *seg_specs],
         out_specs=[q_spec, pl.BlockSpec((None, None, t_pad), lambda i, b, h: (b, h, 0))],
         out_shape=[
             jax.ShapeDtypeStruct(q.shape, q.dtype),
@@ -154,4 +172,4 @@ def forward(
         ),
         interpret=interpret,
         name="pallas_flash_fwd",
-    )(q_len, kv_len, q, k, v)
+    )(q_len, kv_len, q, k, v, *seg_args)
