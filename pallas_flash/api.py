@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from pallas_flash import configs, masks, reference, vjp
+from pallas_flash import configs, dropout, masks, reference, vjp
 
 IMPLEMENTATIONS = ("triton", "xla_blockwise", "xla")
 _FLOAT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
@@ -42,6 +42,8 @@ def flash_attention(
     key_value_seq_lengths: Int[Array, " B"] | None = None,
     local_window_size: int | tuple[int, int] | None = None,
     segment_ids: Int[Array, "B T"] | tuple[Int[Array, "B T"], Int[Array, "B S"]] | None = None,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
     implementation: Literal["triton", "xla_blockwise", "xla"] | None = None,
     return_residual: bool = False,
     config: configs.TritonConfig | configs.BlockwiseConfig | None = None,
@@ -94,6 +96,10 @@ def flash_attention(
       segment_ids: [B, T] ids for self-attention, or a pair ([B, T], [B, S]); a query
         attends only keys with its own id (packed sequences). With non-decreasing ids
         the tiles between documents are skipped; other ids are masked tile by tile.
+      dropout_rate: probability of dropping each attention probability (kept ones are
+        scaled by 1 / (1 - rate)); fused in the kernels, the mask is never stored.
+      dropout_rng: a JAX PRNG key; the same key gives the same mask, in the forward and
+        the backward pass alike. Needed when dropout_rate > 0, refused otherwise.
       implementation: "triton", "xla_blockwise", "xla", or None for the best available.
       return_residual: also return the logsumexp, [B, T, N] float32 (differentiable).
       config: tile config of the forward pass (`TritonConfig` for "triton",
@@ -126,6 +132,8 @@ def flash_attention(
         implementation,
         return_residual,
     )
+    dropout_rate = _validate_dropout(dropout_rate, dropout_rng)
+    seeds = None if dropout_rate == 0 else dropout.seeds_from_key(dropout_rng)
     backend = _choose_backend(call, implementation)
     _check_configs(backend, config, backward_config)
 
@@ -141,6 +149,8 @@ def flash_attention(
             query_seq_lengths=query_seq_lengths,
             key_value_seq_lengths=key_value_seq_lengths,
             segment_ids=call["segment_ids"],
+            dropout_rate=dropout_rate,
+            dropout_seeds=seeds,
         )
         out = out.astype(query.dtype)
     else:
@@ -153,6 +163,7 @@ def flash_attention(
             fwd = config or configs.BlockwiseConfig()
             bwd = backward_config or fwd
         plan = vjp.Plan(
+            dropout_rate=dropout_rate,
             backend=backend,
             spec=call["spec"],
             scale=call["scale"],
@@ -164,7 +175,7 @@ def flash_attention(
         segments = call["segment_ids"]
         if segments is not None:
             segments = tuple(x.astype(jnp.int32) for x in segments)
-        out, lse = vjp.attention(plan, query, key, value, q_len, kv_len, segments)
+        out, lse = vjp.attention(plan, query, key, value, q_len, kv_len, segments, seeds)
     if return_residual:
         return out, jnp.swapaxes(lse, 1, 2)  # [B, N, T] -> [B, T, N], as jax.nn
     return out
@@ -324,6 +335,26 @@ def _validate(
         mask=mask,
         head_dim=H,
     )
+
+
+def _validate_dropout(rate, rng) -> float:
+    if isinstance(rate, bool) or not isinstance(rate, (int, float, np.floating)):
+        raise TypeError(f"dropout_rate must be a Python float (static), got {type(rate).__name__}")
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"dropout_rate must be in [0, 1), got {rate}")
+    if rate > 0 and rng is None:
+        raise ValueError(f"dropout_rate={rate} needs dropout_rng, a JAX PRNG key")
+    if rate == 0 and rng is not None:
+        raise ValueError("dropout_rng was given but dropout_rate is 0; it would be ignored")
+    if rng is not None:
+        _shape_of(rng, "dropout_rng")
+        is_typed = jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)
+        if not is_typed and (tuple(rng.shape) != (2,) or rng.dtype != jnp.uint32):
+            raise TypeError(
+                "dropout_rng must be a JAX PRNG key (jax.random.key or "
+                f"PRNGKey), got {rng.dtype}{list(rng.shape)}"
+            )
+    return float(rate)
 
 
 def _check_broadcast(name, x, full):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_flash import masks
+from pallas_flash import dropout, masks
 from pallas_flash.configs import BlockwiseConfig
 
 LOG2E = 1.4426950408889634
@@ -46,6 +46,17 @@ def _tile_keep(spec, j, block, seq_q, q_len, kv_len, segments, kv_seg_j):
     return keep[:, None, None]
 
 
+def _tile_keep_dropout(seeds, rate, j, block, shape):
+    """Dropout keep mask [B, K, G, T, block] of key tile j (query head = k * G + g)."""
+    B, K, G, T, _ = shape
+    batch_head = (jnp.arange(B)[:, None, None] * (K * G) + jnp.arange(K * G).reshape(1, K, G))[
+        ..., None, None
+    ]
+    rows = jnp.arange(T)[:, None]
+    cols = (j * block + jnp.arange(block))[None, :]
+    return dropout.keep_mask(seeds, batch_head, rows, cols, rate)
+
+
 def _kv_seg_tiles(segments, block: int):
     """Key segment ids as [n_tiles, B, block] (padding is masked by kv_len anyway)."""
     if segments is None:
@@ -63,10 +74,12 @@ def forward(
     q_len,
     kv_len,
     segments=None,
+    seeds=None,
     *,
     spec: masks.MaskSpec,
     scale: float,
     config: BlockwiseConfig,
+    dropout_rate: float = 0.0,
 ):
     """Returns O [B, T, N, H] in q's dtype and the logsumexp [B, N, T] float32."""
     B, T, N, H = q.shape
@@ -86,7 +99,9 @@ def forward(
         m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # empty so far: avoid inf - inf
         alpha = jnp.exp2(m_i - m_use)
         p = jnp.exp2(s - m_use[..., None])
-        l_i = l_i * alpha + p.sum(-1)
+        l_i = l_i * alpha + p.sum(-1)  # the normaliser never sees dropout
+        if dropout_rate > 0:
+            p = jnp.where(_tile_keep_dropout(seeds, dropout_rate, j, block, p.shape), p, 0.0)
         pv = jnp.einsum("bkgts,bskh->bkgth", p.astype(v_j.dtype), v_j, **mm)
         return (acc * alpha[..., None] + pv, m_new, l_i), None
 
@@ -102,8 +117,8 @@ def forward(
     q_valid = (jnp.arange(T)[None, :] < q_len[:, None])[:, None, None, :]  # [B, 1, 1, T]
     empty = (l_i == 0.0) | ~q_valid
     l_safe = jnp.where(empty, 1.0, l_i)
-    o = jnp.where(empty[..., None], 0.0, acc / l_safe[..., None])
     lse = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(l_safe)) * LN2)
+    o = jnp.where(empty[..., None], 0.0, acc / (l_safe * (1.0 - dropout_rate))[..., None])
     o = jnp.transpose(o, (0, 3, 1, 2, 4)).reshape(B, T, N, H).astype(q.dtype)
     return o, lse.reshape(B, N, T)
 
@@ -119,10 +134,12 @@ def backward(
     q_len,
     kv_len,
     segments=None,
+    seeds=None,
     *,
     spec: masks.MaskSpec,
     scale: float,
     config: BlockwiseConfig,
+    dropout_rate: float = 0.0,
 ):
     """Returns dq, dk, dv in the dtypes of q, k, v."""
     B, T, N, H = q.shape
@@ -150,8 +167,13 @@ def backward(
         keep = _tile_keep(spec, j, block, T, q_len, kv_len, segments, seg_j)
         s = jnp.where(keep, s, -jnp.inf)
         p = jnp.exp2(s - lse2[..., None])  # [B, K, G, T, block]
-        dv_j = jnp.einsum("bkgts,btkgh->bskh", p.astype(do.dtype), dog, **mm)
         dp = jnp.einsum("btkgh,bskh->bkgts", dog, v_j, **mm)
+        p_out = p
+        if dropout_rate > 0:  # O = (P * Z / (1 - rate)) V: see triton/backward.py
+            z = _tile_keep_dropout(seeds, dropout_rate, j, block, p.shape)
+            inv = 1.0 / (1.0 - dropout_rate)
+            p_out, dp = jnp.where(z, p * inv, 0.0), jnp.where(z, dp * inv, 0.0)
+        dv_j = jnp.einsum("bkgts,btkgh->bskh", p_out.astype(do.dtype), dog, **mm)
         ds = (p * (dp - delta[..., None])).astype(q.dtype)
         dk_j = jnp.einsum("bkgts,btkgh->bskh", ds, qg, **mm) * scale
         dq = dq + jnp.einsum("bkgts,bskh->btkgh", ds, k_j, **mm) * scale

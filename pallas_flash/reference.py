@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_flash import masks
+from pallas_flash import dropout, masks
 
 
 def attention(
@@ -31,9 +31,15 @@ def attention(
     query_seq_lengths: jax.Array | None = None,
     key_value_seq_lengths: jax.Array | None = None,
     segment_ids: tuple[jax.Array, jax.Array] | None = None,
+    dropout_rate: float = 0.0,
+    dropout_seeds: jax.Array | None = None,
     upcast: bool = True,
 ) -> tuple[jax.Array, jax.Array]:
-    """Returns (output [B, T, N, H] float32, logsumexp [B, N, T] float32)."""
+    """Returns (output [B, T, N, H] float32, logsumexp [B, N, T] float32).
+
+    `dropout_seeds` (int32 [2], from dropout.seeds_from_key) drop probabilities after
+    normalisation; the logsumexp is that of the undropped scores.
+    """
     B, T, N, H = query.shape
     _, S, K, _ = key.shape
     G = N // K
@@ -65,6 +71,11 @@ def attention(
     row_sum = jnp.where(empty, 1.0, row_sum)
     lse = jnp.where(empty, -jnp.inf, m_safe + jnp.log(row_sum))
     p = p / row_sum
+    if dropout_rate > 0:  # the very mask the kernels regenerate (dropout.py)
+        batch_head = (jnp.arange(B)[:, None] * N + jnp.arange(N)[None, :])[:, :, None, None]
+        rows, cols = jnp.arange(T)[:, None], jnp.arange(S)[None, :]
+        keep = dropout.keep_mask(dropout_seeds, batch_head, rows, cols, dropout_rate)
+        p = jnp.where(keep, p / (1.0 - dropout_rate), 0.0)
     if not upcast:
         p = p.astype(in_dtype)
     p = p.reshape(B, K, G, T, S)

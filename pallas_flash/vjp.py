@@ -30,6 +30,7 @@ class Plan:
     fwd_config: Any
     bwd_config: Any
     interpret: bool = False
+    dropout_rate: float = 0.0
 
 
 def _kernels(plan: Plan):
@@ -44,7 +45,7 @@ def _kernels(plan: Plan):
         fwd, bwd, extra = blockwise.forward, blockwise.backward, {}
     else:
         raise ValueError(f"no kernel backend named {plan.backend!r}")
-    common = dict(spec=plan.spec, scale=plan.scale, **extra)
+    common = dict(spec=plan.spec, scale=plan.scale, dropout_rate=plan.dropout_rate, **extra)
     return (
         functools.partial(fwd, config=plan.fwd_config, **common),
         functools.partial(bwd, config=plan.bwd_config, **common),
@@ -52,24 +53,25 @@ def _kernels(plan: Plan):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def attention(plan: Plan, q, k, v, q_len, kv_len, segments=None):
+def attention(plan: Plan, q, k, v, q_len, kv_len, segments=None, seeds=None):
     """Returns (o [B, T, N, H], lse [B, N, T] float32, natural log, -inf on empty rows).
 
-    `segments` is None or (query ids [B, T], key ids [B, S]) int32.
+    `segments` is None or (query ids [B, T], key ids [B, S]) int32; `seeds` is None or
+    the dropout seeds, int32 [2] (dropout.seeds_from_key).
     """
-    return _kernels(plan)[0](q, k, v, q_len, kv_len, segments)
+    return _kernels(plan)[0](q, k, v, q_len, kv_len, segments, seeds)
 
 
-def _attention_fwd(plan, q, k, v, q_len, kv_len, segments=None):
-    o, lse = _kernels(plan)[0](q, k, v, q_len, kv_len, segments)
-    return (o, lse), (q, k, v, o, lse, q_len, kv_len, segments)
+def _attention_fwd(plan, q, k, v, q_len, kv_len, segments=None, seeds=None):
+    o, lse = _kernels(plan)[0](q, k, v, q_len, kv_len, segments, seeds)
+    return (o, lse), (q, k, v, o, lse, q_len, kv_len, segments, seeds)
 
 
 def _attention_bwd(plan, residuals, cotangents):
-    q, k, v, o, lse, q_len, kv_len, segments = residuals
+    q, k, v, o, lse, q_len, kv_len, segments, seeds = residuals
     do, dlse = cotangents
-    dq, dk, dv = _kernels(plan)[1](q, k, v, o, lse, do, dlse, q_len, kv_len, segments)
-    return dq, dk, dv, None, None, None
+    dq, dk, dv = _kernels(plan)[1](q, k, v, o, lse, do, dlse, q_len, kv_len, segments, seeds)
+    return dq, dk, dv, None, None, None, None
 
 
 attention.defvjp(_attention_fwd, _attention_bwd)

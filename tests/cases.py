@@ -38,6 +38,7 @@ class Case:
     window: tuple[int, int] | None = None
     # Segment ids per batch element: (query ids, key ids), each a tuple of tuples.
     segments: tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]] | None = None
+    dropout: float = 0.0
 
     @property
     def id(self) -> str:
@@ -57,6 +58,8 @@ class Case:
             parts.append(f"win{self.window[0]}-{self.window[1]}")
         if self.segments:
             parts.append(f"seg{len(set(self.segments[0][0]))}")
+        if self.dropout:
+            parts.append(f"drop{self.dropout}")
         return "_".join(parts).replace(" ", "")
 
     def kwargs(self) -> dict:
@@ -71,6 +74,8 @@ class Case:
             key_value_seq_lengths=lens(self.kv_lens),
             local_window_size=self.window,
             segment_ids=segs,
+            dropout_rate=self.dropout,
+            dropout_rng=jax.random.key(7) if self.dropout else None,
         )
 
     def inputs(self, seed: int = 0):
@@ -202,6 +207,21 @@ def table() -> list[Case]:
             jnp.float32,
             window=(30, 10),
             segments=(tuple(tuple((i * 7 // 3) % 3 for i in range(130)) for _ in range(2)),) * 2,
+        ),
+        # Dropout alone, and composed: causal + segment ids + GQA + ragged lengths.
+        Case(2, 97, 130, 4, 2, 64, jnp.bfloat16, dropout=0.2),
+        Case(
+            2,
+            200,
+            200,
+            4,
+            1,
+            32,
+            jnp.float32,
+            causal=True,
+            kv_lens=(200, 120),
+            dropout=0.5,
+            segments=(packed([(60, 140), (200,)], 200),) * 2,
         ),
     ]
     return cases

@@ -191,3 +191,34 @@ def test_errors_come_before_tracing():
     q, k, v = qkv(kv_shape=(B, S, 3, H))
     with pytest.raises(ValueError, match="must be a multiple of the number of key/value"):
         jax.jit(flash_attention)(q, k, v)
+
+
+def test_dropout_arguments():
+    expect(
+        ValueError,
+        r"dropout_rate must be in \[0, 1\), got 1.0",
+        *qkv(),
+        dropout_rate=1.0,
+        dropout_rng=jax.random.key(0),
+    )
+    expect(ValueError, "dropout_rate=0.1 needs dropout_rng", *qkv(), dropout_rate=0.1)
+    expect(
+        ValueError,
+        "dropout_rng was given but dropout_rate is 0",
+        *qkv(),
+        dropout_rng=jax.random.key(0),
+    )
+    expect(
+        TypeError,
+        "dropout_rng must be a JAX PRNG key",
+        *qkv(),
+        dropout_rate=0.1,
+        dropout_rng=jnp.zeros((3,), jnp.int32),
+    )
+    expect(
+        TypeError,
+        "dropout_rate must be a Python float",
+        *qkv(),
+        dropout_rate=jnp.float32(0.1),
+        dropout_rng=jax.random.key(0),
+    )

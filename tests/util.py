@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pallas_flash import flash_attention, masks, reference
+from pallas_flash import dropout, flash_attention, masks, reference
 from tests.cases import Case
 
 
@@ -46,6 +46,8 @@ def run_reference(case: Case, seed: int = 0, *, upcast: bool):
             query_seq_lengths=kw["query_seq_lengths"],
             key_value_seq_lengths=kw["key_value_seq_lengths"],
             segment_ids=kw["segment_ids"],
+            dropout_rate=case.dropout,
+            dropout_seeds=None if not case.dropout else dropout.seeds_from_key(kw["dropout_rng"]),
         )
         return o, lse
 

@@ -27,14 +27,16 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_flash import masks
+from pallas_flash import dropout, masks
 from pallas_flash.configs import TritonBwdConfig, fit_block, padded_head_dim
 from pallas_flash.triton.common import (
     LOG2E,
     dot,
+    dropout_inputs,
     load_tile,
     round_up,
     segment_inputs,
+    split_refs,
     store_tile,
     three_loops,
     tile_bounds,
@@ -48,6 +50,17 @@ def _probs(q, k, lse2, *, qk_scale, masked, spec, rows, cols, kv_len, diag, segs
         keep = masks.tile_mask(spec, rows, cols, kv_len, diag, segs)
         s = jnp.where(keep, s, -jnp.inf)
     return jnp.exp2(s - lse2[:, None])
+
+
+def _dropped(seeds, batch_head, rows, cols, rate, p, dp):
+    """Dropout in the backward pass: the kept, rescaled P (for dV) and dP through the mask.
+
+    O = (P * Z / (1 - rate)) V, so dV = (P * Z / (1 - rate))^T dO and the gradient
+    reaching P is (dO V^T) * Z / (1 - rate); D = rowsum(dO * O) is unchanged.
+    """
+    keep = dropout.keep_mask(seeds, batch_head, rows, cols, rate)
+    inv = 1.0 / (1.0 - rate)
+    return jnp.where(keep, p * inv, 0.0), jnp.where(keep, dp * inv, 0.0)
 
 
 def _dkdv_kernel(
@@ -68,10 +81,11 @@ def _dkdv_kernel(
     seq_kv,
     head_dim,
     group,
+    dropout_rate,
 ):
-    # rest = [q_seg_ref, kv_seg_ref, ranges_ref (with segments)], dk_ref, dv_ref
-    q_seg_ref, kv_seg_ref, ranges_ref = rest[:3] if spec.segments else (None, None, None)
-    dk_ref, dv_ref = rest[-2:]
+    (q_seg_ref, kv_seg_ref, ranges_ref), seeds_ref, (dk_ref, dv_ref) = split_refs(
+        rest, spec, dropout_rate > 0, n_out=2
+    )
     j = pl.program_id(0)
     k0 = j * block_kv
     q_len = q_len_ref[...]
@@ -86,6 +100,10 @@ def _dkdv_kernel(
     v = load_tile(v_ref, k0, block_kv, seq_kv, head_dim)  # [block_kv, hp]
     cols = (k0 + jnp.arange(block_kv))[None, :]
     qk_scale = scale * LOG2E
+    if dropout_rate > 0:
+        seeds = (seeds_ref[0], seeds_ref[1])
+        # batch * N + query head, where query head = kv_head * group + g
+        batch_head0 = (pl.program_id(1) * pl.num_programs(2) + pl.program_id(2)) * group
 
     def body(i, carry, *, g, masked: bool):
         dk, dv = carry
@@ -109,8 +127,11 @@ def _dkdv_kernel(
             diag=diag,
             segs=segs,
         )  # [block_q, block_kv]
-        dv = dv + dot(p.astype(do.dtype), do, trans_a=True)  # [block_kv, hp]
         dp = dot(do, v, trans_b=True)  # [block_q, block_kv]
+        p_out = p
+        if dropout_rate > 0:
+            p_out, dp = _dropped(seeds, batch_head0 + g, rows, cols, dropout_rate, p, dp)
+        dv = dv + dot(p_out.astype(do.dtype), do, trans_a=True)  # [block_kv, hp]
         ds = p * (dp - delta[:, None])
         dk = dk + dot(ds.astype(q.dtype), q, trans_a=True)  # [block_kv, hp]
         return dk, dv
@@ -142,10 +163,11 @@ def _dq_kernel(
     seq_q,
     seq_kv,
     head_dim,
+    dropout_rate,
 ):
-    # rest = [q_seg_ref, kv_seg_ref, ranges_ref (with segments)], dq_ref
-    q_seg_ref, kv_seg_ref, ranges_ref = rest[:3] if spec.segments else (None, None, None)
-    dq_ref = rest[-1]
+    (q_seg_ref, kv_seg_ref, ranges_ref), seeds_ref, (dq_ref,) = split_refs(
+        rest, spec, dropout_rate > 0, n_out=1
+    )
     num_q_tiles = pl.num_programs(0)
     i = pl.program_id(0)
     if spec.causal:
@@ -165,6 +187,9 @@ def _dq_kernel(
     delta = delta_ref[pl.ds(q0, block_q)]
     rows = (q0 + jnp.arange(block_q))[:, None]
     qk_scale = scale * LOG2E
+    if dropout_rate > 0:
+        seeds = (seeds_ref[0], seeds_ref[1])
+        batch_head = pl.program_id(1) * pl.num_programs(2) + pl.program_id(2)
 
     def body(j, dq, *, masked: bool):
         k0 = j * block_kv
@@ -186,6 +211,8 @@ def _dq_kernel(
             segs=segs,
         )
         dp = dot(do, v, trans_b=True)  # [block_q, block_kv]
+        if dropout_rate > 0:
+            _, dp = _dropped(seeds, batch_head, rows, cols, dropout_rate, p, dp)
         ds = p * (dp - delta[:, None])
         return dq + dot(ds.astype(k.dtype), k)  # [block_q, hp]
 
@@ -219,11 +246,13 @@ def backward(
     q_len,
     kv_len,
     segments=None,
+    seeds=None,
     *,
     spec: masks.MaskSpec,
     scale: float,
     config: TritonBwdConfig,
     interpret: bool,
+    dropout_rate: float = 0.0,
 ):
     """Returns dq, dk, dv in the dtypes of q, k, v."""
     B, T, N, H = q.shape
@@ -231,7 +260,8 @@ def backward(
     G = N // K
     hp = padded_head_dim(H)
     params = plgpu.CompilerParams(num_warps=config.num_warps, num_stages=config.num_stages)
-    common = dict(spec=spec, scale=scale, seq_q=T, seq_kv=S, head_dim=H)
+    common = dict(spec=spec, scale=scale, seq_q=T, seq_kv=S, head_dim=H, dropout_rate=dropout_rate)
+    drop_specs, drop_args = dropout_inputs(seeds)
     per_len = pl.BlockSpec((None,), lambda j, b, h: (b,))
 
     # dK, dV: grid over key tiles; each program sees its group's G query heads.
@@ -257,13 +287,14 @@ def backward(
             stat_group,
             stat_group,
             *seg_specs,
+            *drop_specs,
         ],
         out_specs=[kv_head, kv_head],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         compiler_params=params,
         interpret=interpret,
         name="pallas_flash_bwd_dkdv",
-    )(q_len, kv_len, q, k, v, do, lse2, delta, *seg_args)
+    )(q_len, kv_len, q, k, v, do, lse2, delta, *seg_args, *drop_args)
 
     # dQ: grid over query tiles of every query head.
     bq, bk = fit_block(config.block_q_dq, T), fit_block(config.block_kv_dq, S)
@@ -289,11 +320,12 @@ def backward(
             stat_head,
             stat_head,
             *seg_specs,
+            *drop_specs,
         ],
         out_specs=q_head,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         compiler_params=params,
         interpret=interpret,
         name="pallas_flash_bwd_dq",
-    )(q_len, kv_len, q, k, v, do, lse2, delta, *seg_args)
+    )(q_len, kv_len, q, k, v, do, lse2, delta, *seg_args, *drop_args)
     return dq, dk, dv

@@ -119,3 +119,22 @@ def segment_inputs(
 
     args = [q_seg, kv_seg, ranges]
     return [spec_for(x) for x in args], args
+
+
+def split_refs(rest, spec, dropout: bool, n_out: int):
+    """Splits a kernel's optional refs: (q_seg, kv_seg, ranges), seeds, outputs.
+
+    `rest` is [q_seg, kv_seg, ranges (with segments)], [seeds (with dropout)], *outputs.
+    """
+    ins, outs = list(rest[:-n_out]), list(rest[-n_out:])
+    segs = (ins.pop(0), ins.pop(0), ins.pop(0)) if spec.segments else (None, None, None)
+    seeds = ins.pop(0) if dropout else None
+    assert not ins, "unexpected kernel inputs"
+    return segs, seeds, outs
+
+
+def dropout_inputs(seeds):
+    """BlockSpec and array for the two dropout seeds (every program reads both)."""
+    if seeds is None:
+        return [], []
+    return [pl.BlockSpec((2,), lambda *grid: (0,))], [seeds]

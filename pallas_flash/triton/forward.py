@@ -21,15 +21,17 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_flash import masks
+from pallas_flash import dropout, masks
 from pallas_flash.configs import TritonConfig, fit_block, padded_head_dim
 from pallas_flash.triton.common import (
     LN2,
     LOG2E,
     dot,
+    dropout_inputs,
     load_tile,
     round_up,
     segment_inputs,
+    split_refs,
     store_tile,
     three_loops,
     tile_bounds,
@@ -50,10 +52,11 @@ def _forward_kernel(
     seq_q: int,
     seq_kv: int,
     head_dim: int,
+    dropout_rate: float,
 ):
-    # rest = [q_seg_ref, kv_seg_ref, ranges_ref (if segments)], o_ref, lse_ref
-    q_seg_ref, kv_seg_ref, ranges_ref = rest[:3] if spec.segments else (None, None, None)
-    o_ref, lse_ref = rest[-2:]
+    (q_seg_ref, kv_seg_ref, ranges_ref), seeds_ref, (o_ref, lse_ref) = split_refs(
+        rest, spec, dropout_rate > 0, n_out=2
+    )
     num_q_tiles = pl.num_programs(0)
     i = pl.program_id(0)
     if spec.causal:
@@ -74,6 +77,9 @@ def _forward_kernel(
     # Softmax in base 2: exp(x * scale) = exp2(x * scale * log2(e)), one multiply per
     # score instead of a multiply inside exp.
     qk_scale = scale * LOG2E
+    if dropout_rate > 0:
+        seeds = (seeds_ref[0], seeds_ref[1])
+        batch_head = pl.program_id(1) * pl.num_programs(2) + pl.program_id(2)
 
     def body(j, carry, *, masked: bool):
         acc, m_i, l_i = carry
@@ -94,7 +100,11 @@ def _forward_kernel(
             m_use = m_new
         alpha = jnp.exp2(m_i - m_use)  # rescales what was accumulated so far
         p = jnp.exp2(s - m_use[:, None])  # [block_q, block_kv]
-        l_i = l_i * alpha + jnp.sum(p, axis=1)
+        l_i = l_i * alpha + jnp.sum(p, axis=1)  # the normaliser never sees dropout
+        if dropout_rate > 0:
+            cols = (k0 + jnp.arange(block_kv))[None, :]
+            keep = dropout.keep_mask(seeds, batch_head, rows, cols, dropout_rate)
+            p = jnp.where(keep, p, 0.0)  # the 1 / (1 - rate) is applied once, at the end
         v = load_tile(v_ref, k0, block_kv, seq_kv, head_dim)  # [block_kv, hp]
         acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v)  # [block_q, hp]
         return acc, m_new, l_i
@@ -110,8 +120,10 @@ def _forward_kernel(
     # A fully masked row (l_i == 0) outputs 0 with logsumexp -inf, never 0/0.
     empty = (l_i == 0.0) | (rows[:, 0] >= q_len)
     l_safe = jnp.where(empty, 1.0, l_i)
+    if dropout_rate > 0:
+        l_safe = l_safe * (1.0 - dropout_rate)  # kept probabilities scale by 1 / (1 - rate)
     o = jnp.where(empty[:, None], 0.0, acc / l_safe[:, None])
-    lse = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(l_safe)) * LN2)
+    lse = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(jnp.where(empty, 1.0, l_i))) * LN2)
     store_tile(o_ref, q0, o, seq_q, head_dim)
     lse_mask = None if seq_q % block_q == 0 else rows[:, 0] < seq_q
     plgpu.store(lse_ref.at[pl.ds(q0, block_q)], lse, mask=lse_mask)
@@ -124,11 +136,13 @@ def forward(
     q_len: jax.Array,
     kv_len: jax.Array,
     segments: tuple[jax.Array, jax.Array] | None = None,
+    seeds: jax.Array | None = None,
     *,
     spec: masks.MaskSpec,
     scale: float,
     config: TritonConfig,
     interpret: bool,
+    dropout_rate: float = 0.0,
 ) -> tuple[jax.Array, jax.Array]:
     """Returns O [B, T, N, H] in q's dtype and the logsumexp [B, N, T] float32."""
     B, T, N, H = q.shape
@@ -148,6 +162,7 @@ def forward(
         seq_q=T,
         seq_kv=S,
         head_dim=H,
+        dropout_rate=dropout_rate,
     )
     # Each program sees its (batch, head) slab whole and slices its tiles itself; the
     # block shapes are padded to whole tiles (interpret mode pads the arrays to them,
@@ -158,10 +173,11 @@ def forward(
     seg_specs, seg_args = segment_inputs(
         segments, block_q, block_kv, t_pad, s_pad, lambda i, b, h: b, own_is_q=True
     )
+    drop_specs, drop_args = dropout_inputs(seeds)
     return pl.pallas_call(
         kernel,
         grid=(t_pad // block_q, B, N),
-        in_specs=[per_len, per_len, q_spec, kv_spec, kv_spec, *seg_specs],
+        in_specs=[per_len, per_len, q_spec, kv_spec, kv_spec, *seg_specs, *drop_specs],
         out_specs=[q_spec, pl.BlockSpec((None, None, t_pad), lambda i, b, h: (b, h, 0))],
         out_shape=[
             jax.ShapeDtypeStruct(q.shape, q.dtype),
@@ -172,4 +188,4 @@ def forward(
         ),
         interpret=interpret,
         name="pallas_flash_fwd",
-    )(q_len, kv_len, q, k, v, *seg_args)
+    )(q_len, kv_len, q, k, v, *seg_args, *drop_args)
