@@ -22,6 +22,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from pallas_flash import configs, dropout, masks, reference, vjp
+from pallas_flash.triton.common import Logits
 
 IMPLEMENTATIONS = ("triton", "xla_blockwise", "xla")
 _FLOAT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
@@ -44,6 +45,7 @@ def flash_attention(
     segment_ids: Int[Array, "B T"] | tuple[Int[Array, "B T"], Int[Array, "B S"]] | None = None,
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
+    logits_soft_cap: float | None = None,
     implementation: Literal["triton", "xla_blockwise", "xla"] | None = None,
     return_residual: bool = False,
     config: configs.TritonConfig | configs.BlockwiseConfig | None = None,
@@ -83,8 +85,10 @@ def flash_attention(
       query: [B, T, N, H] bfloat16, float16 or float32; H <= 256.
       key: [B, S, K, H], same dtype, N % K == 0.
       value: [B, S, K, H], same dtype and shape as key.
-      bias: additive, broadcastable to [B, N, T, S] (the "xla" backend only, for now).
-      mask: boolean, broadcastable to [B, N, T, S], True = attend ("xla" only, for now).
+      bias: additive, broadcastable to [B, N, T, S] (e.g. ALiBi [1, N, T, S]); read in
+        tiles, never expanded; differentiable (its gradient is dS summed over the
+        broadcast dims).
+      mask: boolean, broadcastable to [B, N, T, S], True = attend; read in tiles.
       scale: the softmax scale; default 1 / sqrt(H).
       is_causal: apply a causal mask, skipping the tiles above the diagonal.
       causal_alignment: "top_left" (jax.nn's) or "bottom_right" (see above).
@@ -96,6 +100,8 @@ def flash_attention(
       segment_ids: [B, T] ids for self-attention, or a pair ([B, T], [B, S]); a query
         attends only keys with its own id (packed sequences). With non-decreasing ids
         the tiles between documents are skipped; other ids are masked tile by tile.
+      logits_soft_cap: if set, scores become cap * tanh(scores / cap) after scale and
+        bias (Gemma-2 style), with the matching backward.
       dropout_rate: probability of dropping each attention probability (kept ones are
         scaled by 1 / (1 - rate)); fused in the kernels, the mask is never stored.
       dropout_rng: a JAX PRNG key; the same key gives the same mask, in the forward and
@@ -133,6 +139,7 @@ def flash_attention(
         return_residual,
     )
     dropout_rate = _validate_dropout(dropout_rate, dropout_rng)
+    call["softcap"] = _validate_softcap(logits_soft_cap)
     seeds = None if dropout_rate == 0 else dropout.seeds_from_key(dropout_rng)
     backend = _choose_backend(call, implementation)
     _check_configs(backend, config, backward_config)
@@ -151,6 +158,7 @@ def flash_attention(
             segment_ids=call["segment_ids"],
             dropout_rate=dropout_rate,
             dropout_seeds=seeds,
+            logits_soft_cap=call["softcap"],
         )
         out = out.astype(query.dtype)
     else:
@@ -170,12 +178,20 @@ def flash_attention(
             fwd_config=fwd,
             bwd_config=bwd,
             interpret=backend == "triton" and jax.default_backend() != "gpu",
+            logits=Logits(
+                bias_dims=_full_dims(bias, (B, query.shape[2], T, S)),
+                mask_dims=_full_dims(mask, (B, query.shape[2], T, S)),
+                softcap=call["softcap"],
+            ),
         )
         q_len, kv_len = masks.lengths_or_full(query_seq_lengths, key_value_seq_lengths, B, T, S)
         segments = call["segment_ids"]
         if segments is not None:
             segments = tuple(x.astype(jnp.int32) for x in segments)
-        out, lse = vjp.attention(plan, query, key, value, q_len, kv_len, segments, seeds)
+        mask8 = None if mask is None else mask.astype(jnp.int8)  # kernels read bytes
+        out, lse = vjp.attention(
+            plan, query, key, value, q_len, kv_len, segments, seeds, bias, mask8
+        )
     if return_residual:
         return out, jnp.swapaxes(lse, 1, 2)  # [B, N, T] -> [B, T, N], as jax.nn
     return out
@@ -337,6 +353,25 @@ def _validate(
     )
 
 
+def _full_dims(x, full) -> tuple[bool, bool, bool, bool] | None:
+    """Which of [B, N, T, S] a broadcastable bias/mask has in full (None if absent)."""
+    if x is None:
+        return None
+    return tuple(d == f for d, f in zip(x.shape, full))
+
+
+def _validate_softcap(cap) -> float | None:
+    if cap is None:
+        return None
+    if isinstance(cap, bool) or not isinstance(cap, (int, float, np.floating)):
+        raise TypeError(
+            f"logits_soft_cap must be a Python float (static), got {type(cap).__name__}"
+        )
+    if not (math.isfinite(cap) and cap > 0):
+        raise ValueError(f"logits_soft_cap must be a positive finite float, got {cap}")
+    return float(cap)
+
+
 def _validate_dropout(rate, rng) -> float:
     if isinstance(rate, bool) or not isinstance(rate, (int, float, np.floating)):
         raise TypeError(f"dropout_rate must be a Python float (static), got {type(rate).__name__}")
@@ -370,18 +405,18 @@ def _unsupported(backend: str, call) -> str | None:
     """Why `backend` cannot serve `call` on this device, or None if it can."""
     if backend == "xla":
         return None
-    kernel_lacks = [
-        name
-        for name, present in (
-            ("bias", call["bias"] is not None),
-            ("mask", call["mask"] is not None),
-        )
-        if present
-    ]
-    if kernel_lacks:
-        return (
-            f"{', '.join(kernel_lacks)} not yet supported by {backend!r} (use implementation='xla')"
-        )
+    if backend == "xla_blockwise":
+        lacks = [
+            name
+            for name, present in (
+                ("bias", call["bias"] is not None),
+                ("mask", call["mask"] is not None),
+                ("logits_soft_cap", call["softcap"] is not None),
+            )
+            if present
+        ]
+        if lacks:
+            return f"{', '.join(lacks)} not supported by 'xla_blockwise' (use 'triton' or 'xla')"
     if backend == "triton":
         platform = jax.default_backend()
         if platform == "gpu":

@@ -75,6 +75,8 @@ def forward(
     kv_len,
     segments=None,
     seeds=None,
+    bias=None,
+    mask=None,
     *,
     spec: masks.MaskSpec,
     scale: float,
@@ -82,6 +84,7 @@ def forward(
     dropout_rate: float = 0.0,
 ):
     """Returns O [B, T, N, H] in q's dtype and the logsumexp [B, N, T] float32."""
+    assert bias is None and mask is None, "the API sends bias and mask to other backends"
     B, T, N, H = q.shape
     _, S, K, _ = k.shape
     G = N // K
@@ -135,6 +138,8 @@ def backward(
     kv_len,
     segments=None,
     seeds=None,
+    bias=None,
+    mask=None,
     *,
     spec: masks.MaskSpec,
     scale: float,

@@ -33,6 +33,7 @@ def attention(
     segment_ids: tuple[jax.Array, jax.Array] | None = None,
     dropout_rate: float = 0.0,
     dropout_seeds: jax.Array | None = None,
+    logits_soft_cap: float | None = None,
     upcast: bool = True,
 ) -> tuple[jax.Array, jax.Array]:
     """Returns (output [B, T, N, H] float32, logsumexp [B, N, T] float32).
@@ -55,6 +56,8 @@ def attention(
     s = s.reshape(B, N, T, S) * scale
     if bias is not None:
         s = s + jnp.broadcast_to(bias.astype(jnp.float32), (B, N, T, S))
+    if logits_soft_cap is not None:
+        s = logits_soft_cap * jnp.tanh(s / logits_soft_cap)
 
     q_len, kv_len = masks.lengths_or_full(query_seq_lengths, key_value_seq_lengths, B, T, S)
     keep = masks.dense_mask(mask_spec, T, S, q_len, kv_len, segment_ids=segment_ids)  # [B, 1, T, S]

@@ -14,10 +14,13 @@ import functools
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from pallas_flash import blockwise, masks
 from pallas_flash.triton import backward as triton_backward
 from pallas_flash.triton import forward as triton_forward
+from pallas_flash.triton.common import Logits
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -31,21 +34,20 @@ class Plan:
     bwd_config: Any
     interpret: bool = False
     dropout_rate: float = 0.0
+    logits: Logits = Logits()  # bias / mask broadcast pattern, soft cap
 
 
-def _kernels(plan: Plan):
+def _kernels(plan: Plan, bias_grad: bool = False):
     """The plan's forward and backward functions, with everything static bound."""
+    common = dict(spec=plan.spec, scale=plan.scale, dropout_rate=plan.dropout_rate)
     if plan.backend == "triton":
-        fwd, bwd, extra = (
-            triton_forward.forward,
-            triton_backward.backward,
-            {"interpret": plan.interpret},
-        )
+        fwd, bwd = triton_forward.forward, triton_backward.backward
+        logits = dataclasses.replace(plan.logits, bias_grad=bias_grad)
+        common.update(interpret=plan.interpret, logits=logits)
     elif plan.backend == "xla_blockwise":
-        fwd, bwd, extra = blockwise.forward, blockwise.backward, {}
+        fwd, bwd = blockwise.forward, blockwise.backward
     else:
         raise ValueError(f"no kernel backend named {plan.backend!r}")
-    common = dict(spec=plan.spec, scale=plan.scale, dropout_rate=plan.dropout_rate, **extra)
     return (
         functools.partial(fwd, config=plan.fwd_config, **common),
         functools.partial(bwd, config=plan.bwd_config, **common),
@@ -53,25 +55,47 @@ def _kernels(plan: Plan):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def attention(plan: Plan, q, k, v, q_len, kv_len, segments=None, seeds=None):
+def attention(plan: Plan, q, k, v, q_len, kv_len, segments=None, seeds=None, bias=None, mask=None):
     """Returns (o [B, T, N, H], lse [B, N, T] float32, natural log, -inf on empty rows).
 
     `segments` is None or (query ids [B, T], key ids [B, S]) int32; `seeds` is None or
-    the dropout seeds, int32 [2] (dropout.seeds_from_key).
+    the dropout seeds, int32 [2] (dropout.seeds_from_key); `bias` broadcasts to
+    [B, N, T, S]; `mask` (int8, nonzero = attend) too.
     """
-    return _kernels(plan)[0](q, k, v, q_len, kv_len, segments, seeds)
+    return _kernels(plan)[0](q, k, v, q_len, kv_len, segments, seeds, bias, mask)
 
 
-def _attention_fwd(plan, q, k, v, q_len, kv_len, segments=None, seeds=None):
-    o, lse = _kernels(plan)[0](q, k, v, q_len, kv_len, segments, seeds)
-    return (o, lse), (q, k, v, o, lse, q_len, kv_len, segments, seeds)
+def _attention_fwd(plan, *args):
+    # symbolic_zeros: each array argument arrives as CustomVJPPrimal(value, perturbed),
+    # which tells whether the bias is being differentiated (dS is then kept).
+    is_primal = lambda x: isinstance(x, CustomVJPPrimal)  # noqa: E731
+    values = jax.tree.map(lambda x: x.value, args, is_leaf=is_primal)
+    bias = args[7]
+    bias_grad = bias is not None and bias.perturbed
+    o, lse = _kernels(plan, bias_grad)[0](*values)
+    q, k, v, q_len, kv_len, segments, seeds, bias, mask = values
+    marker = jnp.zeros((0,)) if bias_grad else None
+    return (o, lse), (q, k, v, o, lse, q_len, kv_len, segments, seeds, bias, mask, marker)
 
 
 def _attention_bwd(plan, residuals, cotangents):
-    q, k, v, o, lse, q_len, kv_len, segments, seeds = residuals
+    q, k, v, o, lse, q_len, kv_len, segments, seeds, bias, mask, marker = residuals
     do, dlse = cotangents
-    dq, dk, dv = _kernels(plan)[1](q, k, v, o, lse, do, dlse, q_len, kv_len, segments, seeds)
-    return dq, dk, dv, None, None, None, None
+    if isinstance(do, SymbolicZero):
+        do = jnp.zeros(o.shape, o.dtype)
+    if isinstance(dlse, SymbolicZero):
+        dlse = None
+    bias_grad = marker is not None
+    out = _kernels(plan, bias_grad)[1](
+        q, k, v, o, lse, do, dlse, q_len, kv_len, segments, seeds, bias, mask
+    )
+    dq, dk, dv = out[:3]
+    dbias = None
+    if bias_grad:  # sum dS over the dims the bias broadcasts along
+        ds = out[3].astype(jnp.float32)
+        axes = tuple(a for a in range(4) if bias.shape[a] == 1 and ds.shape[a] != 1)
+        dbias = ds.sum(axis=axes, keepdims=True).astype(bias.dtype)
+    return dq, dk, dv, None, None, None, None, dbias, None
 
 
-attention.defvjp(_attention_fwd, _attention_bwd)
+attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)

@@ -39,6 +39,9 @@ class Case:
     # Segment ids per batch element: (query ids, key ids), each a tuple of tuples.
     segments: tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]] | None = None
     dropout: float = 0.0
+    bias: str | None = None  # "full" [B,N,T,S], "heads" [1,N,T,S], "keys" [B,1,1,S]
+    mask: bool = False  # a random boolean mask [B, 1, T, S] (70 % attend)
+    softcap: float | None = None
 
     @property
     def id(self) -> str:
@@ -60,6 +63,12 @@ class Case:
             parts.append(f"seg{len(set(self.segments[0][0]))}")
         if self.dropout:
             parts.append(f"drop{self.dropout}")
+        if self.bias:
+            parts.append(f"bias-{self.bias}")
+        if self.mask:
+            parts.append("mask")
+        if self.softcap:
+            parts.append(f"cap{self.softcap}")
         return "_".join(parts).replace(" ", "")
 
     def kwargs(self) -> dict:
@@ -76,7 +85,24 @@ class Case:
             segment_ids=segs,
             dropout_rate=self.dropout,
             dropout_rng=jax.random.key(7) if self.dropout else None,
+            mask=self.mask_array(),
+            logits_soft_cap=self.softcap,
         )
+
+    def bias_array(self, seed: int = 0):
+        if self.bias is None:
+            return None
+        B, N, T, S = self.batch, self.heads, self.seq_q, self.seq_kv
+        shape = {"full": (B, N, T, S), "heads": (1, N, T, S), "keys": (B, 1, 1, S)}[self.bias]
+        return jax.random.normal(jax.random.PRNGKey(seed + 77), shape, jnp.float32).astype(
+            self.dtype
+        )
+
+    def mask_array(self):
+        if not self.mask:
+            return None
+        shape = (self.batch, 1, self.seq_q, self.seq_kv)
+        return jax.random.bernoulli(jax.random.PRNGKey(5), 0.7, shape)
 
     def inputs(self, seed: int = 0):
         """Fresh random q, k, v and a random output cotangent."""
@@ -222,6 +248,28 @@ def table() -> list[Case]:
             kv_lens=(200, 120),
             dropout=0.5,
             segments=(packed([(60, 140), (200,)], 200),) * 2,
+        ),
+        # Bias (differentiated; full, per-head ALiBi-like, per-key), boolean masks, soft cap,
+        # and all of them composed with causal, GQA, lengths and dropout.
+        Case(2, 97, 130, 4, 2, 64, jnp.float32, bias="full"),
+        Case(2, 130, 130, 4, 1, 32, jnp.bfloat16, causal=True, bias="heads"),
+        Case(2, 97, 65, 4, 4, 80, jnp.float16, bias="keys", kv_lens=(65, 30)),
+        Case(2, 130, 97, 4, 2, 32, jnp.float32, mask=True, q_lens=(130, 60)),
+        Case(2, 128, 128, 4, 2, 64, jnp.bfloat16, causal=True, softcap=5.0),
+        Case(
+            2,
+            100,
+            100,
+            4,
+            2,
+            32,
+            jnp.float32,
+            causal=True,
+            bias="heads",
+            mask=True,
+            softcap=3.0,
+            dropout=0.3,
+            segments=(packed([(40, 60), (100,)], 100),) * 2,
         ),
     ]
     return cases

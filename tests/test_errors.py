@@ -164,16 +164,25 @@ def test_config_for_the_wrong_backend():
     )
 
 
-@pytest.mark.parametrize("arg", ["bias", "mask"])
-@pytest.mark.parametrize("impl", ["triton", "xla_blockwise"])
-def test_later_features_raise_on_kernel_paths(arg, impl):
-    value = {"bias": jnp.zeros((1, 1, T, S)), "mask": jnp.ones((1, 1, T, S), bool)}[arg]
+@pytest.mark.parametrize("arg", ["bias", "mask", "logits_soft_cap"])
+def test_blockwise_names_what_it_lacks(arg):
+    value = {
+        "bias": jnp.zeros((1, 1, T, S)),
+        "mask": jnp.ones((1, 1, T, S), bool),
+        "logits_soft_cap": 5.0,
+    }[arg]
     expect(
         NotImplementedError,
-        f"{arg} not yet supported by '{impl}'",
+        f"{arg} not supported by 'xla_blockwise'",
         *qkv(),
-        implementation=impl,
+        implementation="xla_blockwise",
         **{arg: value},
+    )
+
+
+def test_bad_soft_cap():
+    expect(
+        ValueError, "logits_soft_cap must be a positive finite float", *qkv(), logits_soft_cap=0.0
     )
 
 

@@ -13,14 +13,16 @@ def run_impl(case: Case, impl: str, seed: int = 0, **extra):
     """(o, lse [B, N, T], dq, dk, dv) of `impl`, with random cotangents for o and lse."""
     q, k, v, do = case.inputs(seed)
     dlse = _lse_cotangent(case, seed)
+    bias = case.bias_array(seed)
 
-    def f(q, k, v):
+    def f(q, k, v, *bias):
         o, lse = flash_attention(
-            q, k, v, implementation=impl, return_residual=True, **case.kwargs(), **extra
+            q, k, v, *bias, implementation=impl, return_residual=True, **case.kwargs(), **extra
         )
         return o, jnp.swapaxes(lse, 1, 2)
 
-    (o, lse), vjp = jax.vjp(f, q, k, v)
+    args = (q, k, v) if bias is None else (q, k, v, bias)
+    (o, lse), vjp = jax.vjp(f, *args)
     return (o, lse, *vjp((do, jnp.where(jnp.isfinite(lse), dlse, 0.0))))
 
 
@@ -28,18 +30,23 @@ def run_reference(case: Case, seed: int = 0, *, upcast: bool):
     """The same through reference.py: float32 truth (upcast) or naive in case.dtype."""
     q, k, v, do = case.inputs(seed)
     dlse = _lse_cotangent(case, seed)
+    bias = case.bias_array(seed)
     if upcast:
         q, k, v, do = (x.astype(jnp.float32) for x in (q, k, v, do))
+        bias = None if bias is None else bias.astype(jnp.float32)
     kw = case.kwargs()
     spec = masks.MaskSpec(
         causal=case.causal, bottom_right=case.bottom_right, local_window=case.window
     )
+    seeds = dropout.seeds_from_key(kw["dropout_rng"]) if case.dropout else None
 
-    def f(q, k, v):
-        o, lse = reference.attention(
+    def f(q, k, v, *bias):
+        return reference.attention(
             q,
             k,
             v,
+            bias[0] if bias else None,
+            kw["mask"],
             scale=case.head_dim**-0.5,
             mask_spec=spec,
             upcast=upcast,
@@ -47,11 +54,12 @@ def run_reference(case: Case, seed: int = 0, *, upcast: bool):
             key_value_seq_lengths=kw["key_value_seq_lengths"],
             segment_ids=kw["segment_ids"],
             dropout_rate=case.dropout,
-            dropout_seeds=None if not case.dropout else dropout.seeds_from_key(kw["dropout_rng"]),
+            dropout_seeds=seeds,
+            logits_soft_cap=case.softcap,
         )
-        return o, lse
 
-    (o, lse), vjp = jax.vjp(f, q, k, v)
+    args = (q, k, v) if bias is None else (q, k, v, bias)
+    (o, lse), vjp = jax.vjp(f, *args)
     return (o, lse, *vjp((do.astype(o.dtype), jnp.where(jnp.isfinite(lse), dlse, 0.0))))
 
 

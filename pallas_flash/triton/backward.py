@@ -31,10 +31,14 @@ from pallas_flash import dropout, masks
 from pallas_flash.configs import TritonBwdConfig, fit_block, padded_head_dim
 from pallas_flash.triton.common import (
     LOG2E,
+    Logits,
+    broadcast_inputs,
     dot,
     dropout_inputs,
+    load_broadcast_tile,
     load_tile,
     round_up,
+    scores,
     segment_inputs,
     split_refs,
     store_tile,
@@ -43,13 +47,26 @@ from pallas_flash.triton.common import (
 )
 
 
-def _probs(q, k, lse2, *, qk_scale, masked, spec, rows, cols, kv_len, diag, segs):
-    """P = exp2(S * scale * log2(e) - lse2), tile [block_q, block_kv], float32."""
-    s = dot(q, k, trans_b=True) * qk_scale
-    if masked:
-        keep = masks.tile_mask(spec, rows, cols, kv_len, diag, segs)
-        s = jnp.where(keep, s, -jnp.inf)
-    return jnp.exp2(s - lse2[:, None])
+class _Tile:
+    """What the backward pass recomputes for one (query tile, key tile) pair."""
+
+    def __init__(self, q, k, lse2, *, scale, logits: Logits, bias, keep):
+        s, self.tanh = scores(q, k, scale=scale, bias=bias, softcap=logits.softcap)
+        if keep is not None:
+            s = jnp.where(keep, s, -jnp.inf)
+        self.p = jnp.exp2(s - lse2[:, None])  # [block_q, block_kv], float32
+
+    def ds(self, dp, delta):
+        """Gradient of the natural (pre-cap) scores: P * (dP - D), through the soft cap."""
+        ds = self.p * (dp - delta[:, None])
+        if self.tanh is not None:
+            ds = ds * (1.0 - self.tanh * self.tanh)  # d(cap * tanh(s / cap)) / ds
+        return ds
+
+
+def _keep(spec, rows, cols, kv_len, diag, segs, user):
+    keep = masks.tile_mask(spec, rows, cols, kv_len, diag, segs)
+    return keep if user is None else keep & (user != 0)
 
 
 def _dropped(seeds, batch_head, rows, cols, rate, p, dp):
@@ -82,24 +99,26 @@ def _dkdv_kernel(
     head_dim,
     group,
     dropout_rate,
+    logits,
 ):
-    (q_seg_ref, kv_seg_ref, ranges_ref), seeds_ref, (dk_ref, dv_ref) = split_refs(
-        rest, spec, dropout_rate > 0, n_out=2
+    (q_seg_ref, kv_seg_ref, ranges_ref), seeds_ref, bias_ref, mask_ref, (dk_ref, dv_ref) = (
+        split_refs(rest, spec, dropout_rate > 0, 2, logits)
     )
     j = pl.program_id(0)
     k0 = j * block_kv
     q_len = q_len_ref[...]
     kv_len = kv_len_ref[...]
     diag = masks.offset(spec, q_len, kv_len)
-    bounds = tile_bounds(
+    lo, full_lo, full_hi, hi = tile_bounds(
         spec, ranges_ref, j, k0, block_kv, block_q, q_len, kv_len, diag, over_kv=False
     )
+    if mask_ref is not None:  # a user mask can cut any tile: every visited tile is masked
+        full_lo = full_hi = lo
     kv_seg = None if kv_seg_ref is None else kv_seg_ref[pl.ds(k0, block_kv)][None, :]
 
     k = load_tile(k_ref, k0, block_kv, seq_kv, head_dim)  # [block_kv, hp]
     v = load_tile(v_ref, k0, block_kv, seq_kv, head_dim)  # [block_kv, hp]
     cols = (k0 + jnp.arange(block_kv))[None, :]
-    qk_scale = scale * LOG2E
     if dropout_rate > 0:
         seeds = (seeds_ref[0], seeds_ref[1])
         # batch * N + query head, where query head = kv_head * group + g
@@ -113,31 +132,47 @@ def _dkdv_kernel(
         lse2 = lse_ref[g, pl.ds(q0, block_q)]  # [block_q]
         delta = delta_ref[g, pl.ds(q0, block_q)]  # [block_q]
         rows = (q0 + jnp.arange(block_q))[:, None]
-        segs = None if kv_seg is None else (q_seg_ref[pl.ds(q0, block_q)][:, None], kv_seg)
-        p = _probs(
-            q,
-            k,
-            lse2,
-            qk_scale=qk_scale,
-            masked=masked,
-            spec=spec,
-            rows=rows,
-            cols=cols,
-            kv_len=kv_len,
-            diag=diag,
-            segs=segs,
-        )  # [block_q, block_kv]
+        bias = keep = None
+        if bias_ref is not None:
+            bias = load_broadcast_tile(
+                bias_ref,
+                g if logits.bias_dims[1] else 0,
+                q0,
+                k0,
+                block_q,
+                block_kv,
+                seq_q,
+                seq_kv,
+                logits.bias_dims,
+            )
+        if masked:
+            segs = None if kv_seg is None else (q_seg_ref[pl.ds(q0, block_q)][:, None], kv_seg)
+            user = None
+            if mask_ref is not None:
+                user = load_broadcast_tile(
+                    mask_ref,
+                    g if logits.mask_dims[1] else 0,
+                    q0,
+                    k0,
+                    block_q,
+                    block_kv,
+                    seq_q,
+                    seq_kv,
+                    logits.mask_dims,
+                )
+            keep = _keep(spec, rows, cols, kv_len, diag, segs, user)
+        tile = _Tile(q, k, lse2, scale=scale, logits=logits, bias=bias, keep=keep)
         dp = dot(do, v, trans_b=True)  # [block_q, block_kv]
-        p_out = p
+        p_out = tile.p
         if dropout_rate > 0:
-            p_out, dp = _dropped(seeds, batch_head0 + g, rows, cols, dropout_rate, p, dp)
+            p_out, dp = _dropped(seeds, batch_head0 + g, rows, cols, dropout_rate, tile.p, dp)
         dv = dv + dot(p_out.astype(do.dtype), do, trans_a=True)  # [block_kv, hp]
-        ds = p * (dp - delta[:, None])
+        ds = tile.ds(dp, delta)
         dk = dk + dot(ds.astype(q.dtype), q, trans_a=True)  # [block_kv, hp]
         return dk, dv
 
     def per_head(g, carry):
-        return three_loops(functools.partial(body, g=g), bounds, carry)
+        return three_loops(functools.partial(body, g=g), (lo, full_lo, full_hi, hi), carry)
 
     hp = k.shape[-1]
     zeros = jnp.zeros((block_kv, hp), jnp.float32)
@@ -164,10 +199,15 @@ def _dq_kernel(
     seq_kv,
     head_dim,
     dropout_rate,
+    logits,
 ):
-    (q_seg_ref, kv_seg_ref, ranges_ref), seeds_ref, (dq_ref,) = split_refs(
-        rest, spec, dropout_rate > 0, n_out=1
+    n_out = 2 if logits.bias_grad else 1
+    if logits.bias_grad:  # drop the zeros that the dS output aliases (it is not read)
+        rest = rest[: -n_out - 1] + rest[-n_out:]
+    (q_seg_ref, kv_seg_ref, ranges_ref), seeds_ref, bias_ref, mask_ref, outs = split_refs(
+        rest, spec, dropout_rate > 0, n_out, logits
     )
+    dq_ref, ds_ref = outs[0], (outs[1] if logits.bias_grad else None)
     num_q_tiles = pl.num_programs(0)
     i = pl.program_id(0)
     if spec.causal:
@@ -176,9 +216,11 @@ def _dq_kernel(
     q_len = q_len_ref[...]
     kv_len = kv_len_ref[...]
     diag = masks.offset(spec, q_len, kv_len)
-    bounds = tile_bounds(
+    lo, full_lo, full_hi, hi = tile_bounds(
         spec, ranges_ref, i, q0, block_q, block_kv, q_len, kv_len, diag, over_kv=True
     )
+    if mask_ref is not None:
+        full_lo = full_hi = lo
     q_seg = None if q_seg_ref is None else q_seg_ref[pl.ds(q0, block_q)][:, None]
 
     q = load_tile(q_ref, q0, block_q, seq_q, head_dim)  # [block_q, hp]
@@ -186,7 +228,6 @@ def _dq_kernel(
     lse2 = lse_ref[pl.ds(q0, block_q)]
     delta = delta_ref[pl.ds(q0, block_q)]
     rows = (q0 + jnp.arange(block_q))[:, None]
-    qk_scale = scale * LOG2E
     if dropout_rate > 0:
         seeds = (seeds_ref[0], seeds_ref[1])
         batch_head = pl.program_id(1) * pl.num_programs(2) + pl.program_id(2)
@@ -196,27 +237,34 @@ def _dq_kernel(
         k = load_tile(k_ref, k0, block_kv, seq_kv, head_dim)
         v = load_tile(v_ref, k0, block_kv, seq_kv, head_dim)
         cols = (k0 + jnp.arange(block_kv))[None, :]
-        segs = None if q_seg is None else (q_seg, kv_seg_ref[pl.ds(k0, block_kv)][None, :])
-        p = _probs(
-            q,
-            k,
-            lse2,
-            qk_scale=qk_scale,
-            masked=masked,
-            spec=spec,
-            rows=rows,
-            cols=cols,
-            kv_len=kv_len,
-            diag=diag,
-            segs=segs,
-        )
+        bias = keep = None
+        if bias_ref is not None:
+            bias = load_broadcast_tile(
+                bias_ref, None, q0, k0, block_q, block_kv, seq_q, seq_kv, logits.bias_dims
+            )
+        if masked:
+            segs = None if q_seg is None else (q_seg, kv_seg_ref[pl.ds(k0, block_kv)][None, :])
+            user = None
+            if mask_ref is not None:
+                user = load_broadcast_tile(
+                    mask_ref, None, q0, k0, block_q, block_kv, seq_q, seq_kv, logits.mask_dims
+                )
+            keep = _keep(spec, rows, cols, kv_len, diag, segs, user)
+        tile = _Tile(q, k, lse2, scale=scale, logits=logits, bias=bias, keep=keep)
         dp = dot(do, v, trans_b=True)  # [block_q, block_kv]
         if dropout_rate > 0:
-            _, dp = _dropped(seeds, batch_head, rows, cols, dropout_rate, p, dp)
-        ds = p * (dp - delta[:, None])
+            _, dp = _dropped(seeds, batch_head, rows, cols, dropout_rate, tile.p, dp)
+        ds = tile.ds(dp, delta)
+        if ds_ref is not None:  # dS is the bias gradient of this (batch, head)
+            store_mask = (rows < seq_q) & (cols < seq_kv)
+            plgpu.store(
+                ds_ref.at[pl.ds(q0, block_q), pl.ds(k0, block_kv)],
+                ds.astype(ds_ref.dtype),
+                mask=store_mask,
+            )
         return dq + dot(ds.astype(k.dtype), k)  # [block_q, hp]
 
-    dq = three_loops(body, bounds, jnp.zeros(q.shape, jnp.float32))
+    dq = three_loops(body, (lo, full_lo, full_hi, hi), jnp.zeros(q.shape, jnp.float32))
     store_tile(dq_ref, q0, dq * scale, seq_q, head_dim)
 
 
@@ -247,22 +295,49 @@ def backward(
     kv_len,
     segments=None,
     seeds=None,
+    bias=None,
+    mask=None,
     *,
     spec: masks.MaskSpec,
     scale: float,
     config: TritonBwdConfig,
     interpret: bool,
     dropout_rate: float = 0.0,
+    logits: Logits = Logits(),
 ):
-    """Returns dq, dk, dv in the dtypes of q, k, v."""
+    """Returns dq, dk, dv in the dtypes of q, k, v, and dS [B, N, T, S] (in the bias's
+    dtype) when `logits.bias_grad`, else None."""
     B, T, N, H = q.shape
     _, S, K, _ = k.shape
     G = N // K
     hp = padded_head_dim(H)
     params = plgpu.CompilerParams(num_warps=config.num_warps, num_stages=config.num_stages)
-    common = dict(spec=spec, scale=scale, seq_q=T, seq_kv=S, head_dim=H, dropout_rate=dropout_rate)
-    drop_specs, drop_args = dropout_inputs(seeds)
+    common = dict(
+        spec=spec,
+        scale=scale,
+        seq_q=T,
+        seq_kv=S,
+        head_dim=H,
+        dropout_rate=dropout_rate,
+        logits=logits,
+    )
     per_len = pl.BlockSpec((None,), lambda j, b, h: (b,))
+
+    def extras(bq, bk, t_pad, s_pad, own_is_q, head_of, head_block):
+        specs, args = [], []
+        for specs_args in (
+            segment_inputs(segments, bq, bk, t_pad, s_pad, lambda j, b, h: b, own_is_q=own_is_q),
+            dropout_inputs(seeds),
+            broadcast_inputs(
+                bias, logits.bias_dims, t_pad, s_pad, lambda j, b, h: b, head_of, head_block
+            ),
+            broadcast_inputs(
+                mask, logits.mask_dims, t_pad, s_pad, lambda j, b, h: b, head_of, head_block
+            ),
+        ):
+            specs += specs_args[0]
+            args += specs_args[1]
+        return specs, args
 
     # dK, dV: grid over key tiles; each program sees its group's G query heads.
     bq, bk = fit_block(config.block_q_dkv, T), fit_block(config.block_kv_dkv, S)
@@ -271,9 +346,7 @@ def backward(
     q_group = pl.BlockSpec((None, t_pad, G, hp), lambda j, b, h: (b, 0, h, 0))
     kv_head = pl.BlockSpec((None, s_pad, None, hp), lambda j, b, h: (b, 0, h, 0))
     stat_group = pl.BlockSpec((None, G, t_pad), lambda j, b, h: (b, h, 0))
-    seg_specs, seg_args = segment_inputs(
-        segments, bq, bk, t_pad, s_pad, lambda j, b, h: b, own_is_q=False
-    )
+    specs, args = extras(bq, bk, t_pad, s_pad, False, lambda j, b, h: h, G)
     dk, dv = pl.pallas_call(
         functools.partial(_dkdv_kernel, block_q=bq, block_kv=bk, group=G, **common),
         grid=(s_pad // bk, B, K),
@@ -286,17 +359,16 @@ def backward(
             q_group,
             stat_group,
             stat_group,
-            *seg_specs,
-            *drop_specs,
+            *specs,
         ],
         out_specs=[kv_head, kv_head],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         compiler_params=params,
         interpret=interpret,
         name="pallas_flash_bwd_dkdv",
-    )(q_len, kv_len, q, k, v, do, lse2, delta, *seg_args, *drop_args)
+    )(q_len, kv_len, q, k, v, do, lse2, delta, *args)
 
-    # dQ: grid over query tiles of every query head.
+    # dQ (and dS for the bias): grid over query tiles of every query head.
     bq, bk = fit_block(config.block_q_dq, T), fit_block(config.block_kv_dq, S)
     t_pad2, s_pad = round_up(T, bq), round_up(S, bk)
     if t_pad2 != t_pad:
@@ -304,28 +376,27 @@ def backward(
     q_head = pl.BlockSpec((None, t_pad2, None, hp), lambda i, b, h: (b, 0, h, 0))
     kv_of_q = pl.BlockSpec((None, s_pad, None, hp), lambda i, b, h: (b, 0, h // G, 0))
     stat_head = pl.BlockSpec((None, None, t_pad2), lambda i, b, h: (b, h, 0))
-    seg_specs, seg_args = segment_inputs(
-        segments, bq, bk, t_pad2, s_pad, lambda i, b, h: b, own_is_q=True
-    )
-    dq = pl.pallas_call(
+    specs, args = extras(bq, bk, t_pad2, s_pad, True, lambda i, b, h: h, None)
+    in_specs = [per_len, per_len, q_head, kv_of_q, kv_of_q, q_head, stat_head, stat_head, *specs]
+    out_specs, out_shape, aliases = [q_head], [jax.ShapeDtypeStruct(q.shape, q.dtype)], {}
+    if logits.bias_grad:
+        # Tiles the mask skips are never written: start from zeros (aliased in place).
+        ds0 = jnp.zeros((B, N, T, S), bias.dtype)
+        ds_spec = pl.BlockSpec((None, None, t_pad2, s_pad), lambda i, b, h: (b, h, 0, 0))
+        in_specs.append(ds_spec)
+        args.append(ds0)
+        aliases = {8 + len(specs): 1}
+        out_specs.append(ds_spec)
+        out_shape.append(jax.ShapeDtypeStruct(ds0.shape, ds0.dtype))
+    outs = pl.pallas_call(
         functools.partial(_dq_kernel, block_q=bq, block_kv=bk, **common),
         grid=(t_pad2 // bq, B, N),
-        in_specs=[
-            per_len,
-            per_len,
-            q_head,
-            kv_of_q,
-            kv_of_q,
-            q_head,
-            stat_head,
-            stat_head,
-            *seg_specs,
-            *drop_specs,
-        ],
-        out_specs=q_head,
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        input_output_aliases=aliases,
         compiler_params=params,
         interpret=interpret,
         name="pallas_flash_bwd_dq",
-    )(q_len, kv_len, q, k, v, do, lse2, delta, *seg_args, *drop_args)
-    return dq, dk, dv
+    )(q_len, kv_len, q, k, v, do, lse2, delta, *args)
+    return outs[0], dk, dv, (outs[1] if logits.bias_grad else None)

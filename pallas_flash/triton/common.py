@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -121,20 +122,101 @@ def segment_inputs(
     return [spec_for(x) for x in args], args
 
 
-def split_refs(rest, spec, dropout: bool, n_out: int):
-    """Splits a kernel's optional refs: (q_seg, kv_seg, ranges), seeds, outputs.
-
-    `rest` is [q_seg, kv_seg, ranges (with segments)], [seeds (with dropout)], *outputs.
-    """
-    ins, outs = list(rest[:-n_out]), list(rest[-n_out:])
-    segs = (ins.pop(0), ins.pop(0), ins.pop(0)) if spec.segments else (None, None, None)
-    seeds = ins.pop(0) if dropout else None
-    assert not ins, "unexpected kernel inputs"
-    return segs, seeds, outs
-
-
 def dropout_inputs(seeds):
     """BlockSpec and array for the two dropout seeds (every program reads both)."""
     if seeds is None:
         return [], []
     return [pl.BlockSpec((2,), lambda *grid: (0,))], [seeds]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Logits:
+    """Static description of what is added to / done with the scores before softmax.
+
+    `bias_dims` / `mask_dims`: for a bias / boolean mask broadcastable to [B, N, T, S],
+    which of those four dims it has in full (the rest are 1). `bias_grad`: the backward
+    pass also returns dS for the bias gradient. `softcap`: cap * tanh(s / cap).
+    """
+
+    bias_dims: tuple[bool, bool, bool, bool] | None = None
+    mask_dims: tuple[bool, bool, bool, bool] | None = None
+    bias_grad: bool = False
+    softcap: float | None = None
+
+
+def split_refs(rest, spec, dropout: bool, n_out: int, logits: Logits | None = None):
+    """Splits a kernel's optional refs: (q_seg, kv_seg, ranges), seeds, bias, mask, outputs.
+
+    `rest` is [q_seg, kv_seg, ranges (with segments)], [seeds (with dropout)],
+    [bias], [mask], *outputs.
+    """
+    logits = logits or Logits()
+    ins, outs = list(rest[:-n_out]), list(rest[-n_out:])
+    segs = (ins.pop(0), ins.pop(0), ins.pop(0)) if spec.segments else (None, None, None)
+    seeds = ins.pop(0) if dropout else None
+    bias = ins.pop(0) if logits.bias_dims else None
+    mask = ins.pop(0) if logits.mask_dims else None
+    assert not ins, "unexpected kernel inputs"
+    return segs, seeds, bias, mask, outs
+
+
+def load_broadcast_tile(
+    ref, head, r0, c0, block_r: int, block_c: int, seq_r: int, seq_c: int, dims
+):
+    """[block_r, block_c] tile of a [heads?, R, C] bias/mask ref that broadcasts over
+    [B, N, T, S]: `dims` says which are full; a dim of size 1 is broadcast. Positions
+    past the real extent read as 0."""
+    _, _, full_r, full_c = dims
+    rs = pl.ds(r0, block_r) if full_r else pl.ds(0, 1)
+    cs = pl.ds(c0, block_c) if full_c else pl.ds(0, 1)
+    mask = None
+    if full_r and seq_r % block_r:
+        mask = (r0 + jnp.arange(block_r) < seq_r)[:, None]
+    if full_c and seq_c % block_c:
+        cols = (c0 + jnp.arange(block_c) < seq_c)[None, :]
+        mask = cols if mask is None else mask & cols
+    if isinstance(head, int):
+        head = jnp.int32(head)  # a traced-style index: interpret mode rejects a bare int
+    view = ref.at[rs, cs] if head is None else ref.at[head, rs, cs]
+    x = plgpu.load(view) if mask is None else plgpu.load(view, mask=mask, other=0)
+    return jnp.broadcast_to(x, (block_r, block_c))
+
+
+def scores(q, k, *, scale: float, bias=None, softcap=None):
+    """Base-2 scores of a tile, and tanh(s / cap) when soft-capped (the backward needs it).
+
+    Without bias or cap this is one multiply by scale * log2(e); otherwise the natural
+    scores scale * q k^T + bias are capped, then converted to base 2.
+    """
+    s = dot(q, k, trans_b=True)  # [block_q, block_kv]
+    if bias is None and softcap is None:
+        return s * (scale * LOG2E), None
+    s = s * scale
+    if bias is not None:
+        s = s + bias.astype(jnp.float32)
+    t = None
+    if softcap is not None:
+        t = jnp.tanh(s / softcap)
+        s = softcap * t
+    return s * LOG2E, t
+
+
+def broadcast_inputs(x, dims, t_pad: int, s_pad: int, batch_of, head_of, head_block=None):
+    """BlockSpec and array for a bias or mask broadcastable to [B, N, T, S].
+
+    The kernel sees its (batch, head) slice, [T_pad or 1, S_pad or 1] (with a leading
+    head axis of `head_block` when given: the dK/dV kernel's query-head group).
+    """
+    if x is None:
+        return [], []
+    fb, fn, ft, fs = dims
+    rows, cols = (t_pad if ft else 1), (s_pad if fs else 1)
+    if head_block is None:
+        block = (None, None, rows, cols)
+    else:
+        block = (None, head_block if fn else 1, rows, cols)
+
+    def index(*grid):
+        return (batch_of(*grid) if fb else 0, head_of(*grid) if fn else 0, 0, 0)
+
+    return [pl.BlockSpec(block, index)], [x]

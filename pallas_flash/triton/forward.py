@@ -25,11 +25,14 @@ from pallas_flash import dropout, masks
 from pallas_flash.configs import TritonConfig, fit_block, padded_head_dim
 from pallas_flash.triton.common import (
     LN2,
-    LOG2E,
+    Logits,
+    broadcast_inputs,
     dot,
     dropout_inputs,
+    load_broadcast_tile,
     load_tile,
     round_up,
+    scores,
     segment_inputs,
     split_refs,
     store_tile,
@@ -53,9 +56,10 @@ def _forward_kernel(
     seq_kv: int,
     head_dim: int,
     dropout_rate: float,
+    logits: Logits,
 ):
-    (q_seg_ref, kv_seg_ref, ranges_ref), seeds_ref, (o_ref, lse_ref) = split_refs(
-        rest, spec, dropout_rate > 0, n_out=2
+    (q_seg_ref, kv_seg_ref, ranges_ref), seeds_ref, bias_ref, mask_ref, (o_ref, lse_ref) = (
+        split_refs(rest, spec, dropout_rate > 0, 2, logits)
     )
     num_q_tiles = pl.num_programs(0)
     i = pl.program_id(0)
@@ -67,16 +71,15 @@ def _forward_kernel(
     q_len = q_len_ref[...]
     kv_len = kv_len_ref[...]
     diag = masks.offset(spec, q_len, kv_len)
-    bounds = tile_bounds(
+    lo, full_lo, full_hi, hi = tile_bounds(
         spec, ranges_ref, i, q0, block_q, block_kv, q_len, kv_len, diag, over_kv=True
     )
+    if mask_ref is not None:  # a user mask can cut any tile: every visited tile is masked
+        full_lo = full_hi = lo
 
     q = load_tile(q_ref, q0, block_q, seq_q, head_dim)  # [block_q, hp]
     rows = (q0 + jnp.arange(block_q))[:, None]  # [block_q, 1]
     q_seg = None if q_seg_ref is None else q_seg_ref[pl.ds(q0, block_q)][:, None]
-    # Softmax in base 2: exp(x * scale) = exp2(x * scale * log2(e)), one multiply per
-    # score instead of a multiply inside exp.
-    qk_scale = scale * LOG2E
     if dropout_rate > 0:
         seeds = (seeds_ref[0], seeds_ref[1])
         batch_head = pl.program_id(1) * pl.num_programs(2) + pl.program_id(2)
@@ -85,11 +88,22 @@ def _forward_kernel(
         acc, m_i, l_i = carry
         k0 = j * block_kv
         k = load_tile(k_ref, k0, block_kv, seq_kv, head_dim)  # [block_kv, hp]
-        s = dot(q, k, trans_b=True) * qk_scale  # [block_q, block_kv], base-2 logits
+        bias = None
+        if bias_ref is not None:
+            bias = load_broadcast_tile(
+                bias_ref, None, q0, k0, block_q, block_kv, seq_q, seq_kv, logits.bias_dims
+            )
+        # Base-2 logits: exp(x) = exp2(x * log2(e)), with log2(e) folded into the scale.
+        s, _ = scores(q, k, scale=scale, bias=bias, softcap=logits.softcap)
         if masked:
             cols = (k0 + jnp.arange(block_kv))[None, :]
             segs = None if q_seg is None else (q_seg, kv_seg_ref[pl.ds(k0, block_kv)][None, :])
             keep = masks.tile_mask(spec, rows, cols, kv_len, diag, segs)
+            if mask_ref is not None:
+                user = load_broadcast_tile(
+                    mask_ref, None, q0, k0, block_q, block_kv, seq_q, seq_kv, logits.mask_dims
+                )
+                keep = keep & (user != 0)
             s = jnp.where(keep, s, -jnp.inf)
         m_new = jnp.maximum(m_i, jnp.max(s, axis=1))  # [block_q]
         if masked:
@@ -115,15 +129,15 @@ def _forward_kernel(
         jnp.full((block_q,), -jnp.inf, jnp.float32),
         jnp.zeros((block_q,), jnp.float32),
     )
-    acc, m_i, l_i = three_loops(body, bounds, carry)
+    acc, m_i, l_i = three_loops(body, (lo, full_lo, full_hi, hi), carry)
 
     # A fully masked row (l_i == 0) outputs 0 with logsumexp -inf, never 0/0.
     empty = (l_i == 0.0) | (rows[:, 0] >= q_len)
     l_safe = jnp.where(empty, 1.0, l_i)
+    lse = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(l_safe)) * LN2)
     if dropout_rate > 0:
         l_safe = l_safe * (1.0 - dropout_rate)  # kept probabilities scale by 1 / (1 - rate)
     o = jnp.where(empty[:, None], 0.0, acc / l_safe[:, None])
-    lse = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(jnp.where(empty, 1.0, l_i))) * LN2)
     store_tile(o_ref, q0, o, seq_q, head_dim)
     lse_mask = None if seq_q % block_q == 0 else rows[:, 0] < seq_q
     plgpu.store(lse_ref.at[pl.ds(q0, block_q)], lse, mask=lse_mask)
@@ -137,14 +151,21 @@ def forward(
     kv_len: jax.Array,
     segments: tuple[jax.Array, jax.Array] | None = None,
     seeds: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    mask: jax.Array | None = None,
     *,
     spec: masks.MaskSpec,
     scale: float,
     config: TritonConfig,
     interpret: bool,
     dropout_rate: float = 0.0,
+    logits: Logits = Logits(),
 ) -> tuple[jax.Array, jax.Array]:
-    """Returns O [B, T, N, H] in q's dtype and the logsumexp [B, N, T] float32."""
+    """Returns O [B, T, N, H] in q's dtype and the logsumexp [B, N, T] float32.
+
+    `bias` and `mask` (int8, nonzero = attend) broadcast to [B, N, T, S] as
+    `logits.bias_dims` / `logits.mask_dims` say.
+    """
     B, T, N, H = q.shape
     _, S, K, _ = k.shape
     G = N // K
@@ -163,6 +184,7 @@ def forward(
         seq_kv=S,
         head_dim=H,
         dropout_rate=dropout_rate,
+        logits=logits,
     )
     # Each program sees its (batch, head) slab whole and slices its tiles itself; the
     # block shapes are padded to whole tiles (interpret mode pads the arrays to them,
@@ -170,14 +192,23 @@ def forward(
     per_len = pl.BlockSpec((None,), lambda i, b, h: (b,))
     q_spec = pl.BlockSpec((None, t_pad, None, hp), lambda i, b, h: (b, 0, h, 0))
     kv_spec = pl.BlockSpec((None, s_pad, None, hp), lambda i, b, h: (b, 0, h // G, 0))
-    seg_specs, seg_args = segment_inputs(
-        segments, block_q, block_kv, t_pad, s_pad, lambda i, b, h: b, own_is_q=True
-    )
-    drop_specs, drop_args = dropout_inputs(seeds)
+    extra_specs, extra_args = [], []
+    for specs_args in (
+        segment_inputs(segments, block_q, block_kv, t_pad, s_pad, lambda i, b, h: b, own_is_q=True),
+        dropout_inputs(seeds),
+        broadcast_inputs(
+            bias, logits.bias_dims, t_pad, s_pad, lambda i, b, h: b, lambda i, b, h: h
+        ),
+        broadcast_inputs(
+            mask, logits.mask_dims, t_pad, s_pad, lambda i, b, h: b, lambda i, b, h: h
+        ),
+    ):
+        extra_specs += specs_args[0]
+        extra_args += specs_args[1]
     return pl.pallas_call(
         kernel,
         grid=(t_pad // block_q, B, N),
-        in_specs=[per_len, per_len, q_spec, kv_spec, kv_spec, *seg_specs, *drop_specs],
+        in_specs=[per_len, per_len, q_spec, kv_spec, kv_spec, *extra_specs],
         out_specs=[q_spec, pl.BlockSpec((None, None, t_pad), lambda i, b, h: (b, h, 0))],
         out_shape=[
             jax.ShapeDtypeStruct(q.shape, q.dtype),
@@ -188,4 +219,4 @@ def forward(
         ),
         interpret=interpret,
         name="pallas_flash_fwd",
-    )(q_len, kv_len, q, k, v, *seg_args, *drop_args)
+    )(q_len, kv_len, q, k, v, *extra_args)
