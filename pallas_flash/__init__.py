@@ -7,3 +7,4 @@ from pallas_flash.configs import TritonBwdConfig as TritonBwdConfig
 from pallas_flash.configs import TritonConfig as TritonConfig
 
 __version__ = "0.1.0"
+from pallas_flash.sparsity import BlockSparse as BlockSparse

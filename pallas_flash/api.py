@@ -13,6 +13,7 @@ and raises before anything is traced), builds a static `vjp.Plan` and dispatches
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Literal
 
@@ -21,7 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from pallas_flash import configs, dropout, masks, reference, vjp
+from pallas_flash import configs, dropout, masks, reference, sparsity, vjp
+from pallas_flash.sparsity import BlockSparse
 from pallas_flash.triton.common import Logits
 
 IMPLEMENTATIONS = ("triton", "xla_blockwise", "xla")
@@ -46,6 +48,7 @@ def flash_attention(
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
     logits_soft_cap: float | None = None,
+    block_sparse: BlockSparse | None = None,
     implementation: Literal["triton", "xla_blockwise", "xla"] | None = None,
     return_residual: bool = False,
     config: configs.TritonConfig | configs.BlockwiseConfig | None = None,
@@ -100,6 +103,9 @@ def flash_attention(
       segment_ids: [B, T] ids for self-attention, or a pair ([B, T], [B, S]); a query
         attends only keys with its own id (packed sequences). With non-decreasing ids
         the tiles between documents are skipped; other ids are masked tile by tile.
+      block_sparse: a `BlockSparse` layout (block-sparse FlashAttention): only the listed
+        (query block, key block) tiles are computed, forward and backward; the kernels'
+        tiles become the layout's blocks. "triton" and "xla" serve it.
       logits_soft_cap: if set, scores become cap * tanh(scores / cap) after scale and
         bias (Gemma-2 style), with the matching backward.
       dropout_rate: probability of dropping each attention probability (kept ones are
@@ -140,11 +146,19 @@ def flash_attention(
     )
     dropout_rate = _validate_dropout(dropout_rate, dropout_rng)
     call["softcap"] = _validate_softcap(logits_soft_cap)
+    call["sparse"] = _validate_sparse(block_sparse, query.shape, key.shape)
+    if call["sparse"] is not None:
+        call["spec"] = dataclasses.replace(
+            call["spec"], sparse_per_head=call["sparse"].layout.shape[0] > 1
+        )
     seeds = None if dropout_rate == 0 else dropout.seeds_from_key(dropout_rng)
     backend = _choose_backend(call, implementation)
     _check_configs(backend, config, backward_config)
 
     if backend == "xla":
+        if call["sparse"] is not None:  # the layout means this element mask
+            dense = sparsity.dense_mask(call["sparse"], query.shape[1], key.shape[1])[None]
+            mask = dense if mask is None else mask & dense
         out, lse = reference.attention(
             query,
             key,
@@ -167,6 +181,8 @@ def flash_attention(
         if backend == "triton":
             fwd = config or configs.default_triton_config(H, query.dtype)
             bwd = backward_config or configs.default_triton_bwd_config(H, query.dtype)
+            if call["sparse"] is not None:
+                fwd, bwd = _sparse_configs(call["sparse"], fwd, bwd, config, backward_config)
         else:
             fwd = config or configs.BlockwiseConfig()
             bwd = backward_config or fwd
@@ -189,8 +205,9 @@ def flash_attention(
         if segments is not None:
             segments = tuple(x.astype(jnp.int32) for x in segments)
         mask8 = None if mask is None else mask.astype(jnp.int8)  # kernels read bytes
+        layout = None if call["sparse"] is None else call["sparse"].layout
         out, lse = vjp.attention(
-            plan, query, key, value, q_len, kv_len, segments, seeds, bias, mask8
+            plan, query, key, value, q_len, kv_len, segments, seeds, bias, mask8, layout
         )
     if return_residual:
         return out, jnp.swapaxes(lse, 1, 2)  # [B, N, T] -> [B, T, N], as jax.nn
@@ -353,6 +370,53 @@ def _validate(
     )
 
 
+def _validate_sparse(sparse, q_shape, k_shape):
+    """Checks a BlockSparse against the shapes; returns it with layout bool [1 or N, nq, nk]."""
+    if sparse is None:
+        return None
+    if not isinstance(sparse, BlockSparse):
+        raise TypeError(
+            f"block_sparse must be a pallas_flash.BlockSparse, got {type(sparse).__name__}"
+        )
+    B, T, N, _ = q_shape
+    S = k_shape[1]
+    layout = jnp.asarray(sparse.layout)
+    if layout.dtype != jnp.bool_:
+        raise TypeError(f"block_sparse.layout must be boolean, got {layout.dtype}")
+    want = (-(-T // sparse.block_q), -(-S // sparse.block_kv))
+    if layout.ndim == 2:
+        layout = layout[None]
+    if layout.ndim != 3 or tuple(layout.shape[1:]) != want or layout.shape[0] not in (1, N):
+        raise ValueError(
+            f"block_sparse.layout must have shape {want} or ({N}, *{want}) "
+            f"(query blocks of {sparse.block_q}, key blocks of "
+            f"{sparse.block_kv}), got {tuple(sparse.layout.shape)}"
+        )
+    return dataclasses.replace(sparse, layout=layout)
+
+
+def _sparse_configs(sparse, fwd, bwd, config, backward_config):
+    """The kernels' tiles must be the layout's blocks."""
+    bq, bk = sparse.block_q, sparse.block_kv
+    for name, given, pairs in (
+        ("config", config, (("block_q", bq), ("block_kv", bk))),
+        (
+            "backward_config",
+            backward_config,
+            (("block_q_dkv", bq), ("block_kv_dkv", bk), ("block_q_dq", bq), ("block_kv_dq", bk)),
+        ),
+    ):
+        for field, want in pairs:
+            if given is not None and getattr(given, field) != want:
+                raise ValueError(
+                    f"{name}.{field}={getattr(given, field)} differs from the "
+                    f"block_sparse block size {want}"
+                )
+    fwd = dataclasses.replace(fwd, block_q=bq, block_kv=bk)
+    bwd = dataclasses.replace(bwd, block_q_dkv=bq, block_kv_dkv=bk, block_q_dq=bq, block_kv_dq=bk)
+    return fwd, bwd
+
+
 def _full_dims(x, full) -> tuple[bool, bool, bool, bool] | None:
     """Which of [B, N, T, S] a broadcastable bias/mask has in full (None if absent)."""
     if x is None:
@@ -412,6 +476,7 @@ def _unsupported(backend: str, call) -> str | None:
                 ("bias", call["bias"] is not None),
                 ("mask", call["mask"] is not None),
                 ("logits_soft_cap", call["softcap"] is not None),
+                ("block_sparse", call["sparse"] is not None),
             )
             if present
         ]

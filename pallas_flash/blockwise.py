@@ -77,6 +77,7 @@ def forward(
     seeds=None,
     bias=None,
     mask=None,
+    layout=None,
     *,
     spec: masks.MaskSpec,
     scale: float,
@@ -84,7 +85,7 @@ def forward(
     dropout_rate: float = 0.0,
 ):
     """Returns O [B, T, N, H] in q's dtype and the logsumexp [B, N, T] float32."""
-    assert bias is None and mask is None, "the API sends bias and mask to other backends"
+    assert bias is None and mask is None and layout is None, "the API sends these elsewhere"
     B, T, N, H = q.shape
     _, S, K, _ = k.shape
     G = N // K
@@ -140,6 +141,7 @@ def backward(
     seeds=None,
     bias=None,
     mask=None,
+    layout=None,
     *,
     spec: masks.MaskSpec,
     scale: float,

@@ -41,6 +41,12 @@ class MaskSpec:
     bottom_right: bool = False
     local_window: tuple[int, int] | None = None
     segments: bool = False
+    # Block-sparse layout: None, or whether it has one layout per query head.
+    sparse_per_head: bool | None = None
+
+    @property
+    def block_sparse(self) -> bool:
+        return self.sparse_per_head is not None
 
     @property
     def uses_offset(self) -> bool:
@@ -227,3 +233,49 @@ def _tiles_clamp(lo, full_lo, full_hi, hi):
     hi = jnp.maximum(hi, lo)
     full_lo = jnp.clip(full_lo, lo, hi)
     return lo, full_lo, jnp.clip(full_hi, full_lo, hi), hi
+
+
+def sparse_tile_lists(
+    layout, spec: MaskSpec, block_q: int, block_kv: int, q_len, kv_len, segments=None
+):
+    """Block-sparse layout -> per-tile lists of the tiles to visit, computed in XLA.
+
+    `layout` is bool [Nl, nq, nk] (Nl = 1 or the number of query heads). Returns
+    (per query tile: counts [B, Nl, nq, 2] and key-tile indices [B, Nl, nq, nk];
+    per key tile: counts [B, Nl, nk, 2] and query-tile indices [B, Nl, nk, nq]). Each
+    list holds the layout's tiles that the other constraints (causal, window, lengths,
+    segments) leave visible: first those that need no element mask, then those that
+    do; counts are (number unmasked, number in all). Skipped tiles are never listed.
+    """
+    _, nq, nk = layout.shape
+    diag = offset(spec, q_len, kv_len)
+    per_q = jnp.arange(nq) * block_q
+    per_kv = jnp.arange(nk) * block_kv
+
+    def bounds(fn, starts, ql, kl, d):
+        return jax.vmap(lambda s: jnp.stack(fn(spec, s, block_q, block_kv, ql, kl, d)))(starts)
+
+    q_b = jax.vmap(lambda ql, kl, d: bounds(kv_tile_range, per_q, ql, kl, d))(q_len, kv_len, diag)
+    k_b = jax.vmap(lambda ql, kl, d: bounds(q_tile_range, per_kv, ql, kl, d))(q_len, kv_len, diag)
+    if segments is not None:
+        seg_q, seg_k = segment_tile_ranges(*segments, block_q, block_kv)
+        q_b = jnp.stack(
+            intersect(tuple(jnp.moveaxis(q_b, -1, 0)), tuple(jnp.moveaxis(seg_q, -1, 0))), -1
+        )
+        k_b = jnp.stack(
+            intersect(tuple(jnp.moveaxis(k_b, -1, 0)), tuple(jnp.moveaxis(seg_k, -1, 0))), -1
+        )
+    q_lists = _lists(layout[None], q_b[:, None, :, None, :], nk)  # [B, Nl, nq, ...]
+    k_lists = _lists(jnp.swapaxes(layout, 1, 2)[None], k_b[:, None, :, None, :], nq)
+    return q_lists, k_lists
+
+
+def _lists(layout, b, n: int):
+    """Visit lists from a layout [.., own, n] and interval bounds [.., own, 1, 4]."""
+    j = jnp.arange(n)
+    active = layout & (j >= b[..., 0]) & (j < b[..., 3])
+    full = active & (j >= b[..., 1]) & (j < b[..., 2])
+    rank = jnp.where(full, 0, jnp.where(active, 1, 2)) * n + j  # unmasked, masked, skipped
+    order = jnp.argsort(rank, axis=-1).astype(jnp.int32)
+    counts = jnp.stack([full.sum(-1), active.sum(-1)], axis=-1).astype(jnp.int32)
+    return counts, order

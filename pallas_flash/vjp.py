@@ -55,14 +55,27 @@ def _kernels(plan: Plan, bias_grad: bool = False):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def attention(plan: Plan, q, k, v, q_len, kv_len, segments=None, seeds=None, bias=None, mask=None):
+def attention(
+    plan: Plan,
+    q,
+    k,
+    v,
+    q_len,
+    kv_len,
+    segments=None,
+    seeds=None,
+    bias=None,
+    mask=None,
+    layout=None,
+):
     """Returns (o [B, T, N, H], lse [B, N, T] float32, natural log, -inf on empty rows).
 
     `segments` is None or (query ids [B, T], key ids [B, S]) int32; `seeds` is None or
     the dropout seeds, int32 [2] (dropout.seeds_from_key); `bias` broadcasts to
-    [B, N, T, S]; `mask` (int8, nonzero = attend) too.
+    [B, N, T, S]; `mask` (int8, nonzero = attend) too; `layout` is a block-sparse
+    layout, bool [1 or N, T / block_q, S / block_kv] at the configs' tile sizes.
     """
-    return _kernels(plan)[0](q, k, v, q_len, kv_len, segments, seeds, bias, mask)
+    return _kernels(plan)[0](q, k, v, q_len, kv_len, segments, seeds, bias, mask, layout)
 
 
 def _attention_fwd(plan, *args):
@@ -73,13 +86,15 @@ def _attention_fwd(plan, *args):
     bias = args[7]
     bias_grad = bias is not None and bias.perturbed
     o, lse = _kernels(plan, bias_grad)[0](*values)
-    q, k, v, q_len, kv_len, segments, seeds, bias, mask = values
+    q, k, v, q_len, kv_len, segments, seeds, bias, mask, layout = values
     marker = jnp.zeros((0,)) if bias_grad else None
-    return (o, lse), (q, k, v, o, lse, q_len, kv_len, segments, seeds, bias, mask, marker)
+    extras = (q_len, kv_len, segments, seeds, bias, mask, layout)
+    return (o, lse), (q, k, v, o, lse, extras, marker)
 
 
 def _attention_bwd(plan, residuals, cotangents):
-    q, k, v, o, lse, q_len, kv_len, segments, seeds, bias, mask, marker = residuals
+    q, k, v, o, lse, extras, marker = residuals
+    q_len, kv_len, segments, seeds, bias, mask, layout = extras
     do, dlse = cotangents
     if isinstance(do, SymbolicZero):
         do = jnp.zeros(o.shape, o.dtype)
@@ -87,7 +102,7 @@ def _attention_bwd(plan, residuals, cotangents):
         dlse = None
     bias_grad = marker is not None
     out = _kernels(plan, bias_grad)[1](
-        q, k, v, o, lse, do, dlse, q_len, kv_len, segments, seeds, bias, mask
+        q, k, v, o, lse, do, dlse, q_len, kv_len, segments, seeds, bias, mask, layout
     )
     dq, dk, dv = out[:3]
     dbias = None
@@ -95,7 +110,7 @@ def _attention_bwd(plan, residuals, cotangents):
         ds = out[3].astype(jnp.float32)
         axes = tuple(a for a in range(4) if bias.shape[a] == 1 and ds.shape[a] != 1)
         dbias = ds.sum(axis=axes, keepdims=True).astype(bias.dtype)
-    return dq, dk, dv, None, None, None, None, dbias, None
+    return dq, dk, dv, None, None, None, None, dbias, None, None
 
 
 attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)

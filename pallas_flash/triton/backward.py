@@ -40,10 +40,11 @@ from pallas_flash.triton.common import (
     round_up,
     scores,
     segment_inputs,
+    sparse_inputs,
     split_refs,
     store_tile,
-    three_loops,
     tile_bounds,
+    visit_tiles,
 )
 
 
@@ -101,19 +102,18 @@ def _dkdv_kernel(
     dropout_rate,
     logits,
 ):
-    (q_seg_ref, kv_seg_ref, ranges_ref), seeds_ref, bias_ref, mask_ref, (dk_ref, dv_ref) = (
-        split_refs(rest, spec, dropout_rate > 0, 2, logits)
+    (q_seg_ref, kv_seg_ref, ranges_ref), seeds_ref, bias_ref, mask_ref, sparse, outs = split_refs(
+        rest, spec, dropout_rate > 0, 2, logits
     )
+    dk_ref, dv_ref = outs
     j = pl.program_id(0)
     k0 = j * block_kv
     q_len = q_len_ref[...]
     kv_len = kv_len_ref[...]
     diag = masks.offset(spec, q_len, kv_len)
-    lo, full_lo, full_hi, hi = tile_bounds(
+    bounds = tile_bounds(
         spec, ranges_ref, j, k0, block_kv, block_q, q_len, kv_len, diag, over_kv=False
     )
-    if mask_ref is not None:  # a user mask can cut any tile: every visited tile is masked
-        full_lo = full_hi = lo
     kv_seg = None if kv_seg_ref is None else kv_seg_ref[pl.ds(k0, block_kv)][None, :]
 
     k = load_tile(k_ref, k0, block_kv, seq_kv, head_dim)  # [block_kv, hp]
@@ -172,7 +172,16 @@ def _dkdv_kernel(
         return dk, dv
 
     def per_head(g, carry):
-        return three_loops(functools.partial(body, g=g), (lo, full_lo, full_hi, hi), carry)
+        return visit_tiles(
+            functools.partial(body, g=g),
+            spec,
+            sparse,
+            g,
+            j,
+            bounds,
+            carry,
+            user_mask=mask_ref is not None,
+        )
 
     hp = k.shape[-1]
     zeros = jnp.zeros((block_kv, hp), jnp.float32)
@@ -204,7 +213,7 @@ def _dq_kernel(
     n_out = 2 if logits.bias_grad else 1
     if logits.bias_grad:  # drop the zeros that the dS output aliases (it is not read)
         rest = rest[: -n_out - 1] + rest[-n_out:]
-    (q_seg_ref, kv_seg_ref, ranges_ref), seeds_ref, bias_ref, mask_ref, outs = split_refs(
+    (q_seg_ref, kv_seg_ref, ranges_ref), seeds_ref, bias_ref, mask_ref, sparse, outs = split_refs(
         rest, spec, dropout_rate > 0, n_out, logits
     )
     dq_ref, ds_ref = outs[0], (outs[1] if logits.bias_grad else None)
@@ -216,11 +225,9 @@ def _dq_kernel(
     q_len = q_len_ref[...]
     kv_len = kv_len_ref[...]
     diag = masks.offset(spec, q_len, kv_len)
-    lo, full_lo, full_hi, hi = tile_bounds(
+    bounds = tile_bounds(
         spec, ranges_ref, i, q0, block_q, block_kv, q_len, kv_len, diag, over_kv=True
     )
-    if mask_ref is not None:
-        full_lo = full_hi = lo
     q_seg = None if q_seg_ref is None else q_seg_ref[pl.ds(q0, block_q)][:, None]
 
     q = load_tile(q_ref, q0, block_q, seq_q, head_dim)  # [block_q, hp]
@@ -264,7 +271,16 @@ def _dq_kernel(
             )
         return dq + dot(ds.astype(k.dtype), k)  # [block_q, hp]
 
-    dq = three_loops(body, (lo, full_lo, full_hi, hi), jnp.zeros(q.shape, jnp.float32))
+    dq = visit_tiles(
+        body,
+        spec,
+        sparse,
+        jnp.int32(0),
+        i,
+        bounds,
+        jnp.zeros(q.shape, jnp.float32),
+        user_mask=mask_ref is not None,
+    )
     store_tile(dq_ref, q0, dq * scale, seq_q, head_dim)
 
 
@@ -297,6 +313,7 @@ def backward(
     seeds=None,
     bias=None,
     mask=None,
+    layout=None,
     *,
     spec: masks.MaskSpec,
     scale: float,
@@ -323,6 +340,12 @@ def backward(
     )
     per_len = pl.BlockSpec((None,), lambda j, b, h: (b,))
 
+    lists = (None, None)
+    if layout is not None:  # block-sparse: tiles are the layout's blocks in both kernels
+        lists = masks.sparse_tile_lists(
+            layout, spec, config.block_q_dq, config.block_kv_dq, q_len, kv_len, segments
+        )
+
     def extras(bq, bk, t_pad, s_pad, own_is_q, head_of, head_block):
         specs, args = [], []
         for specs_args in (
@@ -333,6 +356,9 @@ def backward(
             ),
             broadcast_inputs(
                 mask, logits.mask_dims, t_pad, s_pad, lambda j, b, h: b, head_of, head_block
+            ),
+            sparse_inputs(
+                lists[0] if own_is_q else lists[1], lambda j, b, h: b, head_of, head_block
             ),
         ):
             specs += specs_args[0]

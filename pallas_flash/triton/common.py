@@ -145,10 +145,11 @@ class Logits:
 
 
 def split_refs(rest, spec, dropout: bool, n_out: int, logits: Logits | None = None):
-    """Splits a kernel's optional refs: (q_seg, kv_seg, ranges), seeds, bias, mask, outputs.
+    """Splits a kernel's optional refs: (q_seg, kv_seg, ranges), seeds, bias, mask,
+    (sparse counts, sparse indices), outputs.
 
-    `rest` is [q_seg, kv_seg, ranges (with segments)], [seeds (with dropout)],
-    [bias], [mask], *outputs.
+    `rest` is [q_seg, kv_seg, ranges (with segments)], [seeds (with dropout)], [bias],
+    [mask], [counts, indices (block-sparse)], *outputs.
     """
     logits = logits or Logits()
     ins, outs = list(rest[:-n_out]), list(rest[-n_out:])
@@ -156,8 +157,49 @@ def split_refs(rest, spec, dropout: bool, n_out: int, logits: Logits | None = No
     seeds = ins.pop(0) if dropout else None
     bias = ins.pop(0) if logits.bias_dims else None
     mask = ins.pop(0) if logits.mask_dims else None
+    sparse = (ins.pop(0), ins.pop(0)) if spec.block_sparse else None
     assert not ins, "unexpected kernel inputs"
-    return segs, seeds, bias, mask, outs
+    return segs, seeds, bias, mask, sparse, outs
+
+
+def visit_tiles(body, spec, sparse, head, tile, bounds, carry, *, user_mask: bool):
+    """Runs `body(j, carry, masked=...)` over the tiles this program must visit.
+
+    Dense: the interval loops of `bounds` (all masked when a user mask is present).
+    Block-sparse: the precomputed list of this tile (`sparse` = counts, indices refs of
+    [heads, n_tiles, 2] / [heads, n_tiles, n_other]): unmasked entries first, then masked.
+    """
+    if sparse is None:
+        lo, full_lo, full_hi, hi = bounds
+        if user_mask:  # a user mask can cut any tile: every visited tile is masked
+            full_lo = full_hi = lo
+        return three_loops(body, (lo, full_lo, full_hi, hi), carry)
+    counts_ref, index_ref = sparse
+    h = head if spec.sparse_per_head else jnp.int32(0)
+    n_full, n_all = counts_ref[h, tile, 0], counts_ref[h, tile, 1]
+    if user_mask:
+        n_full = jnp.int32(0)
+
+    def listed(t, carry, *, masked):
+        return body(index_ref[h, tile, t], carry, masked=masked)
+
+    carry = lax.fori_loop(0, n_full, functools.partial(listed, masked=False), carry)
+    return lax.fori_loop(n_full, n_all, functools.partial(listed, masked=True), carry)
+
+
+def sparse_inputs(lists, batch_of, head_of, head_block=None):
+    """BlockSpecs and arrays for one direction's block-sparse visit lists."""
+    if lists is None:
+        return [], []
+    counts, index = lists  # [B, Nl, n_own, 2], [B, Nl, n_own, n_other]
+    per_head = counts.shape[1] > 1
+    hb = head_block if (head_block and per_head) else 1
+
+    def spec_for(x):
+        block = (None, hb, *x.shape[2:])
+        return pl.BlockSpec(block, lambda *g: (batch_of(*g), head_of(*g) if per_head else 0, 0, 0))
+
+    return [spec_for(counts), spec_for(index)], [counts, index]
 
 
 def load_broadcast_tile(

@@ -34,10 +34,11 @@ from pallas_flash.triton.common import (
     round_up,
     scores,
     segment_inputs,
+    sparse_inputs,
     split_refs,
     store_tile,
-    three_loops,
     tile_bounds,
+    visit_tiles,
 )
 
 
@@ -58,9 +59,10 @@ def _forward_kernel(
     dropout_rate: float,
     logits: Logits,
 ):
-    (q_seg_ref, kv_seg_ref, ranges_ref), seeds_ref, bias_ref, mask_ref, (o_ref, lse_ref) = (
-        split_refs(rest, spec, dropout_rate > 0, 2, logits)
+    (q_seg_ref, kv_seg_ref, ranges_ref), seeds_ref, bias_ref, mask_ref, sparse, outs = split_refs(
+        rest, spec, dropout_rate > 0, 2, logits
     )
+    o_ref, lse_ref = outs
     num_q_tiles = pl.num_programs(0)
     i = pl.program_id(0)
     if spec.causal:
@@ -71,11 +73,9 @@ def _forward_kernel(
     q_len = q_len_ref[...]
     kv_len = kv_len_ref[...]
     diag = masks.offset(spec, q_len, kv_len)
-    lo, full_lo, full_hi, hi = tile_bounds(
+    bounds = tile_bounds(
         spec, ranges_ref, i, q0, block_q, block_kv, q_len, kv_len, diag, over_kv=True
     )
-    if mask_ref is not None:  # a user mask can cut any tile: every visited tile is masked
-        full_lo = full_hi = lo
 
     q = load_tile(q_ref, q0, block_q, seq_q, head_dim)  # [block_q, hp]
     rows = (q0 + jnp.arange(block_q))[:, None]  # [block_q, 1]
@@ -129,7 +129,9 @@ def _forward_kernel(
         jnp.full((block_q,), -jnp.inf, jnp.float32),
         jnp.zeros((block_q,), jnp.float32),
     )
-    acc, m_i, l_i = three_loops(body, (lo, full_lo, full_hi, hi), carry)
+    acc, m_i, l_i = visit_tiles(
+        body, spec, sparse, jnp.int32(0), i, bounds, carry, user_mask=mask_ref is not None
+    )
 
     # A fully masked row (l_i == 0) outputs 0 with logsumexp -inf, never 0/0.
     empty = (l_i == 0.0) | (rows[:, 0] >= q_len)
@@ -153,6 +155,7 @@ def forward(
     seeds: jax.Array | None = None,
     bias: jax.Array | None = None,
     mask: jax.Array | None = None,
+    layout: jax.Array | None = None,
     *,
     spec: masks.MaskSpec,
     scale: float,
@@ -201,6 +204,15 @@ def forward(
         ),
         broadcast_inputs(
             mask, logits.mask_dims, t_pad, s_pad, lambda i, b, h: b, lambda i, b, h: h
+        ),
+        sparse_inputs(
+            None
+            if layout is None
+            else masks.sparse_tile_lists(layout, spec, block_q, block_kv, q_len, kv_len, segments)[
+                0
+            ],
+            lambda i, b, h: b,
+            lambda i, b, h: h,
         ),
     ):
         extra_specs += specs_args[0]
