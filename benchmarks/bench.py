@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import pallas_flash
 from benchmarks import suites
 from benchmarks.impls import IMPLS, Impl, reference_fn
 
@@ -59,40 +60,82 @@ def environment(commit: str | None) -> dict:
 
 
 def make_inputs(s: suites.Shape, dtype, seed: int = 0):
+    """q, k, v, a cotangent, and the masking arguments: (arrays, static) kwargs."""
     ks = jax.random.split(jax.random.PRNGKey(seed), 5)
     q = jax.random.normal(ks[0], (s.batch, s.seq_q, s.heads, s.head_dim), dtype)
     k = jax.random.normal(ks[1], (s.batch, s.seq_k, s.kv_heads, s.head_dim), dtype)
     v = jax.random.normal(ks[2], (s.batch, s.seq_k, s.kv_heads, s.head_dim), dtype)
     do = jax.random.normal(ks[3], q.shape, dtype)
-    lens = None
-    if s.mask == "padding":  # each batch element keeps 50..100 % of its keys
-        frac = jax.random.uniform(ks[4], (s.batch,), minval=0.5, maxval=1.0)
-        lens = jnp.maximum(1, (frac * s.seq_k).astype(jnp.int32))
-    return q, k, v, do, lens
+    arrays, static = masking_arguments(s, ks[4])
+    return q, k, v, do, arrays, static
 
 
-def _bind(impl: Impl, s: suites.Shape):
-    def fwd(q, k, v, lens):
-        return impl.fn(q, k, v, causal=s.causal, kv_lens=lens)
+def masking_arguments(s: suites.Shape, key) -> tuple[dict, dict]:
+    """flash_attention keyword arguments for the shape's mask label.
 
-    def fwd_bwd(q, k, v, do, lens):
-        out, vjp = jax.vjp(lambda q, k, v: fwd(q, k, v, lens), q, k, v)
+    "padding": key lengths 50-100 %; "padding-full": lengths = S (pure overhead);
+    "segments:D": D packed documents per row; "window:W": local window (W, W);
+    "mask": a random boolean mask (90 % attend); "mask-full": an all-True mask;
+    "dropout:R": dropout at rate R; "sparse:D": a block layout of density D (128 x 128
+    blocks, the same number of tiles in every row).
+    """
+    label, _, value = s.mask.partition(":")
+    B, T, S = s.batch, s.seq_q, s.seq_k
+    if label == "none":
+        return {}, {}
+    if label in ("padding", "padding-full"):
+        frac = jax.random.uniform(key, (B,), minval=0.5, maxval=1.0)
+        lens = (
+            jnp.maximum(1, (frac * S).astype(jnp.int32))
+            if label == "padding"
+            else (jnp.full((B,), S, jnp.int32))
+        )
+        return {"key_value_seq_lengths": lens}, {}
+    if label == "segments":
+        ids = jnp.arange(T) * int(value) // T  # D documents of equal length
+        return {"segment_ids": jnp.broadcast_to(ids, (B, T)).astype(jnp.int32)}, {}
+    if label == "window":
+        return {}, {"local_window_size": (int(value), int(value))}
+    if label in ("mask", "mask-full"):
+        m = (
+            jax.random.bernoulli(key, 0.9, (B, 1, T, S))
+            if label == "mask"
+            else jnp.ones((B, 1, T, S), bool)
+        )
+        return {"mask": m}, {}
+    if label == "dropout":
+        return {"dropout_rng": jax.random.key(0)}, {"dropout_rate": float(value)}
+    if label == "sparse":
+        nq, nk = -(-T // 128), -(-S // 128)
+        per_row = max(1, round(float(value) * nk))
+        order = jnp.argsort(jax.random.uniform(key, (nq, nk)), axis=1)
+        layout = jnp.zeros((nq, nk), bool).at[jnp.arange(nq)[:, None], order[:, :per_row]].set(True)
+        return {"block_sparse": pallas_flash.BlockSparse(layout, 128, 128)}, {}
+    raise ValueError(f"unknown mask label {s.mask!r}")
+
+
+def _bind(impl: Impl, s: suites.Shape, static: dict):
+    def fwd(q, k, v, arrays):
+        return impl.fn(q, k, v, causal=s.causal, **arrays, **static)
+
+    def fwd_bwd(q, k, v, do, arrays):
+        out, vjp = jax.vjp(lambda q, k, v: fwd(q, k, v, arrays), q, k, v)
         return vjp(do)
 
     return fwd, fwd_bwd
 
 
-def _outputs_and_grads(fn, s: suites.Shape, q, k, v, do, lens):
-    out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, causal=s.causal, kv_lens=lens), q, k, v)
+def _outputs_and_grads(fn, s: suites.Shape, static, q, k, v, do, arrays):
+    out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, causal=s.causal, **arrays, **static), q, k, v)
     return (out, *vjp(do.astype(out.dtype)))
 
 
 def check(impl: Impl, s: suites.Shape, dtype) -> tuple[float, str]:
     """Worst relative max error, and which of (o, dq, dk, dv) it is, vs the float32 reference."""
     small = s.replace(batch=1, seq_q=min(s.seq_q, CHECK_SEQ), seq_k=min(s.seq_k, CHECK_SEQ))
-    inputs = make_inputs(small, dtype, seed=1)
+    *inputs, static = make_inputs(small, dtype, seed=1)
     got, want = (
-        jax.jit(lambda *a, fn=fn: _outputs_and_grads(fn, small, *a))(*inputs)
+        jax.jit(lambda *a, fn=fn: _outputs_and_grads(fn, small, static, *a))(*inputs)
         for fn in (impl.fn, reference_fn(impl.unscaled))
     )
     worst = (0.0, "o")
@@ -160,18 +203,18 @@ def run_shape(impl: Impl, s: suites.Shape, passes, *, memory: bool, run: bool, c
             raise AssertionError(
                 f"wrong result: relative error {err:.3g} in {worst} vs the float32 reference"
             )
-        q, k, v, do, lens = make_inputs(s, dtype)
-        fwd, fwd_bwd = _bind(impl, s)
+        q, k, v, do, arrays, static = make_inputs(s, dtype)
+        fwd, fwd_bwd = _bind(impl, s, static)
         if memory:  # one compiled call: temporary bytes, peak bytes, its time
-            temp, peak, seconds = measure_memory(fwd_bwd, (q, k, v, do, lens), run)
+            temp, peak, seconds = measure_memory(fwd_bwd, (q, k, v, do, arrays), run)
             ms = None if seconds is None else seconds * 1e3
             tflops = None if seconds is None else 3.5 * attention_flops(s) / seconds / 1e12
             yield dict(
                 base, **{"pass": "fwd+bwd"}, temp_bytes=temp, peak_bytes=peak, ms=ms, tflops=tflops
             )
             return
-        t_fwd = time_fn(jax.jit(fwd), (q, k, v, lens)) if set(passes) & {"fwd", "bwd"} else None
-        t_all = time_fn(jax.jit(fwd_bwd), (q, k, v, do, lens))
+        t_fwd = time_fn(jax.jit(fwd), (q, k, v, arrays)) if set(passes) & {"fwd", "bwd"} else None
+        t_all = time_fn(jax.jit(fwd_bwd), (q, k, v, do, arrays))
     except Exception as e:  # noqa: BLE001 - a failing peer is a result, not a crash
         msg = f"{type(e).__name__}: {e}".splitlines()[0][:300]
         for p in passes:

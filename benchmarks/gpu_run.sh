@@ -20,6 +20,8 @@ for step in "$@"; do
     memory-peers) timeout 300 python3 -m benchmarks.bench --suite memory --commit "$commit" \
              --run-id "$run_id" --isolate --max-run-seq 262144 --out "$OUT/memory.jsonl" \
              --impls pallas_flash:xla_blockwise,jax.nn:xla,jax.nn:cudnn,tokamax:mosaic,tokamax:triton ;;
+    masks|sparse|paper|quick) timeout 590 python3 -m benchmarks.bench --suite "$step" \
+             --commit "$commit" --run-id "$run_id" --out "$OUT/$step.jsonl" ;;
     fa:*) timeout 590 python3 -m benchmarks.bench --suite fa --commit "$commit" \
              --run-id "$run_id" --time-budget "${step#fa:}" --out "$OUT/fa.jsonl" ;;
     *) echo "unknown step $step" ;;

@@ -1,8 +1,9 @@
 """Every attention implementation the harness times: ours and the peers, behind one signature.
 
-Each entry turns (q, k, v, causal, q_lens, kv_lens) into an output [B, T, N, H]. Peers
-that are not installed or do not support a call raise; the harness records the error
-in that row instead of dropping the peer.
+Each entry turns (q, k, v, causal, **masking arguments) into an output [B, T, N, H];
+the masking arguments are flash_attention's names (lengths, segment ids, windows,
+masks, dropout, block sparsity). Peers that are not installed or lack an argument
+raise; the harness records the error in that row instead of dropping the peer.
 """
 
 from __future__ import annotations
@@ -19,62 +20,55 @@ import pallas_flash
 @dataclasses.dataclass(frozen=True)
 class Impl:
     name: str
-    fn: Callable  # (q, k, v, *, causal, q_lens, kv_lens) -> o
+    fn: Callable  # (q, k, v, *, causal, **masking) -> o
     dtypes: tuple = (jnp.bfloat16, jnp.float16)
     unscaled: bool = False  # computes softmax(Q K^T) with no 1/sqrt(H)
     ours: bool = False
 
 
+PEER_ARGS = {"query_seq_lengths", "key_value_seq_lengths", "mask", "local_window_size"}
+
+
+def _only(name: str, extra: dict, allowed=PEER_ARGS) -> None:
+    """Peers get only the arguments they have; anything else is a recorded failure."""
+    missing = sorted(set(extra) - allowed)
+    if missing:
+        raise NotImplementedError(f"{name} has no {', '.join(missing)}")
+
+
 def _ours(backend):
-    def fn(q, k, v, *, causal, q_lens=None, kv_lens=None):
+    def fn(q, k, v, *, causal, **extra):
         return pallas_flash.flash_attention(
-            q,
-            k,
-            v,
-            is_causal=causal,
-            query_seq_lengths=q_lens,
-            key_value_seq_lengths=kv_lens,
-            implementation=backend,
+            q, k, v, is_causal=causal, implementation=backend, **extra
         )
 
     return fn
 
 
 def _jax_nn(backend):
-    def fn(q, k, v, *, causal, q_lens=None, kv_lens=None):
+    def fn(q, k, v, *, causal, **extra):
+        _only(f"jax.nn:{backend}", extra)
         return jax.nn.dot_product_attention(
-            q,
-            k,
-            v,
-            is_causal=causal,
-            query_seq_lengths=q_lens,
-            key_value_seq_lengths=kv_lens,
-            implementation=backend,
+            q, k, v, is_causal=causal, implementation=backend, **extra
         )
 
     return fn
 
 
 def _tokamax(backend):
-    def fn(q, k, v, *, causal, q_lens=None, kv_lens=None):
+    def fn(q, k, v, *, causal, **extra):
+        _only(f"tokamax:{backend}", extra)
         import tokamax  # imported lazily: only present where the peer wheels were taken
 
         return tokamax.dot_product_attention(
-            q,
-            k,
-            v,
-            is_causal=causal,
-            query_seq_lengths=q_lens,
-            key_value_seq_lengths=kv_lens,
-            implementation=backend,
+            q, k, v, is_causal=causal, implementation=backend, **extra
         )
 
     return fn
 
 
-def _jax_mosaic_fa3(q, k, v, *, causal, q_lens=None, kv_lens=None):
-    if q_lens is not None or kv_lens is not None:
-        raise NotImplementedError("JAX's Mosaic FA3 has no sequence lengths")
+def _jax_mosaic_fa3(q, k, v, *, causal, **extra):
+    _only("jax:mosaic_fa3", extra, allowed=set())
     from jax.experimental.pallas.ops.gpu import attention_mgpu
 
     head_dim = q.shape[-1]
@@ -119,7 +113,7 @@ IMPLS: dict[str, Impl] = {
 def reference_fn(unscaled: bool):
     """The float32 oracle with the scale the implementation uses."""
 
-    def fn(q, k, v, *, causal, q_lens=None, kv_lens=None):
+    def fn(q, k, v, *, causal, **extra):
         scale = 1.0 if unscaled else None
         return pallas_flash.flash_attention(
             q.astype(jnp.float32),
@@ -127,9 +121,8 @@ def reference_fn(unscaled: bool):
             v.astype(jnp.float32),
             scale=scale,
             is_causal=causal,
-            query_seq_lengths=q_lens,
-            key_value_seq_lengths=kv_lens,
             implementation="xla",
+            **extra,
         )
 
     return fn

@@ -68,12 +68,47 @@ def _memory_shapes():
 
 def _paper_shapes():
     """The FlashAttention paper's runtime/memory table: seq 128 .. 64k, with and without
-    padding masks (head dim 64, 12 heads, 32k tokens per batch down to batch 1)."""
+    padding masks and dropout (head dim 64, 12 heads, 32k tokens per batch down to 1)."""
     out = []
-    for mask in ("none", "padding"):
+    for mask in ("none", "padding", "dropout:0.1"):
         for p in range(7, 17):
             seq = 1 << p
             out.append(Shape(max(1, 32768 // seq), seq, seq, 12, 12, 64, False, mask))
+    return tuple(out)
+
+
+def _mask_shapes():
+    """Issue 4's overhead check at T = 8k (B=2, N=16, H=128): each masking argument at
+    full visibility (pure overhead: one segment, full lengths, a window wider than T, an
+    all-True mask) and in a realistic form, against the unmasked kernel, same run."""
+    labels = (
+        "none",
+        "segments:1",
+        "segments:4",
+        "padding-full",
+        "padding",
+        f"window:{8192}",
+        "window:1024",
+        "mask-full",
+        "mask",
+    )
+    return tuple(
+        Shape(2, 8192, 8192, 16, 16, 128, causal, label)
+        for causal in (False, True)
+        for label in labels
+    )
+
+
+def _sparse_shapes():
+    """Block-sparse scaling at T = 16k (head dim 64 and 128) and a 1k sliding window
+    against causal at T = 32k."""
+    out = []
+    for head_dim in (128, 64):
+        heads = 2048 // head_dim
+        for label in ("none", "sparse:1.0", "sparse:0.5", "sparse:0.25", "sparse:0.125"):
+            out.append(Shape(1, 16384, 16384, heads, heads, head_dim, False, label))
+    out.append(Shape(1, 32768, 32768, 16, 16, 128, True, "none"))
+    out.append(Shape(1, 32768, 32768, 16, 16, 128, True, "window:1024"))
     return tuple(out)
 
 
@@ -102,6 +137,19 @@ SUITES = {
         _paper_shapes(),
         TINY,
         ("pallas_flash:triton", "jax.nn:xla", "jax.nn:cudnn", "tokamax:mosaic"),
+    ),
+    "masks": Suite(
+        _mask_shapes(),
+        (Shape(1, 64, 64, 2, 2, 16, True, "segments:2"), Shape(1, 64, 64, 2, 2, 16, False, "mask")),
+        ("pallas_flash:triton", "jax.nn:cudnn"),
+    ),
+    "sparse": Suite(
+        _sparse_shapes(),
+        (
+            Shape(1, 256, 256, 2, 2, 16, False, "sparse:0.5"),
+            Shape(1, 256, 256, 2, 2, 16, True, "window:32"),
+        ),
+        ("pallas_flash:triton",),
     ),
     "quick": Suite(
         (

@@ -63,6 +63,19 @@ def test_memory_suite_tiny_records_bytes(tmp_path):
     assert "xla_blockwise" in render.memory_table(rows)
 
 
+@pytest.mark.kernel
+@pytest.mark.parametrize("suite", ["masks", "sparse"])
+def test_masking_suites_tiny_run(tmp_path, suite):
+    """Every masking label builds its arguments and our kernel runs it; peers lacking an
+    argument are recorded as failed, naming it."""
+    out = tmp_path / f"{suite}.jsonl"
+    assert bench.main(["--suite", suite, "--tiny", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    ours = [r for r in rows if r["impl"] == "pallas_flash:triton"]
+    assert ours and not any(r["error"] for r in ours)
+    assert all(r["check_err"] < 1e-2 for r in ours)
+
+
 def test_flops_convention():
     s = bench.suites.Shape(2, 1024, 1024, 16, 16, 128, causal=False)
     assert bench.attention_flops(s) == 4 * 2 * 16 * 1024 * 1024 * 128
