@@ -22,6 +22,7 @@ for step in "$@"; do
              --impls pallas_flash:xla_blockwise,jax.nn:xla,jax.nn:cudnn,tokamax:mosaic,tokamax:triton ;;
     masks|sparse|paper|quick) timeout 590 python3 -m benchmarks.bench --suite "$step" \
              --commit "$commit" --run-id "$run_id" --out "$OUT/$step.jsonl" ;;
+    hbm) timeout 590 python3 -m benchmarks.hbm --out "$OUT/hbm.jsonl" ;;
     fa:*) timeout 590 python3 -m benchmarks.bench --suite fa --commit "$commit" \
              --run-id "$run_id" --time-budget "${step#fa:}" --out "$OUT/fa.jsonl" ;;
     *) echo "unknown step $step" ;;

@@ -80,3 +80,22 @@ def test_flops_convention():
     s = bench.suites.Shape(2, 1024, 1024, 16, 16, 128, causal=False)
     assert bench.attention_flops(s) == 4 * 2 * 16 * 1024 * 1024 * 128
     assert bench.attention_flops(s.replace(causal=True)) == bench.attention_flops(s) / 2
+
+
+def test_hbm_parses_ncu_csv_and_counts_compulsory_bytes():
+    from benchmarks import hbm
+
+    text = "\n".join(
+        [
+            "==PROF== Connected to process 1",
+            '"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"',
+            '"0","fwd","dram__bytes_read.sum","byte","1,000"',
+            '"0","fwd","dram__bytes_write.sum","byte","250"',
+            '"1","bwd","dram__bytes_read.sum","byte","2,000"',
+            '"1","bwd","dram__bytes_write.sum","byte","500"',
+        ]
+    )
+    totals = hbm.parse_ncu_csv(text)
+    assert totals == {"dram__bytes_read.sum": 3000.0, "dram__bytes_write.sum": 750.0, "kernels": 2}
+    # ANCHORS.md: 1.61 GB at the paper's shape in fp16
+    assert round(hbm.compulsory_bytes(**hbm.SHAPE) / 1e9, 2) == 1.61

@@ -1,0 +1,152 @@
+"""HBM traffic of one forward + backward, measured with Nsight Compute (DRAM bytes).
+
+    python -m benchmarks.hbm --out benchmarks/results/hbm.jsonl          # on the GPU
+
+The FlashAttention paper's microbenchmark shape (GPT-2 medium attention: batch 64,
+seq 1024, 16 heads, head dim 64, fp16). For each implementation a child process
+compiles and warms up one jitted forward + backward, then runs it once between
+cudaProfilerStart/Stop; the parent runs that child under
+`ncu --clock-control none --profile-from-start off` collecting
+dram__bytes_read.sum and dram__bytes_write.sum for every kernel, and sums them.
+XLA's autotuner is turned off in the child (XLA crashes under ncu otherwise; see
+../shared/ANCHORS.md), which changes speed, not bytes moved by the chosen kernels.
+The compulsory traffic is what any implementation must move: the forward reads q, k, v
+and writes o; the backward reads q, k, v, o, dO and writes dq, dk, dv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+
+SHAPE = dict(batch=64, seq=1024, heads=16, head_dim=64)
+IMPLS = ("pallas_flash:triton", "jax.nn:xla", "jax.nn:cudnn")
+METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
+
+
+def compulsory_bytes(batch: int, seq: int, heads: int, head_dim: int, itemsize: int = 2):
+    """12 tensors of [B, T, N, H]: 4 in the forward, 8 in the backward."""
+    return 12 * batch * seq * heads * head_dim * itemsize
+
+
+def parse_ncu_csv(text: str) -> dict[str, float]:
+    """Sums each metric over all profiled kernels of `ncu --csv --print-units base`."""
+    lines = [line for line in text.splitlines() if line.startswith('"')]
+    totals = dict.fromkeys(METRICS, 0.0)
+    kernels = set()
+    for row in csv.DictReader(io.StringIO("\n".join(lines))):
+        name = row.get("Metric Name")
+        if name in totals:
+            totals[name] += float(row["Metric Value"].replace(",", ""))
+            kernels.add(row.get("ID"))
+    totals["kernels"] = len(kernels)
+    return totals
+
+
+def child(impl_name: str) -> None:
+    """Compile and warm up, then run one forward + backward inside the profiler range."""
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks.impls import IMPLS as ALL
+
+    impl = ALL[impl_name]
+    B, T, N, H = (SHAPE[k] for k in ("batch", "seq", "heads", "head_dim"))
+    ks = jax.random.split(jax.random.PRNGKey(0), 4)
+    q, k, v, do = (jax.random.normal(kk, (B, T, N, H), jnp.float16) for kk in ks)
+
+    @jax.jit
+    def step(q, k, v, do):
+        out, vjp = jax.vjp(lambda q, k, v: impl.fn(q, k, v, causal=False), q, k, v)
+        return vjp(do)
+
+    jax.block_until_ready(step(q, k, v, do))
+    start, stop = _profiler()
+    start()
+    jax.block_until_ready(step(q, k, v, do))
+    stop()
+
+
+def _profiler():
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.profilerStart, cupy.cuda.runtime.profilerStop
+    except ImportError:  # fall back to the CUDA runtime itself
+        import ctypes
+
+        for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
+            try:
+                rt = ctypes.CDLL(name)
+                return rt.cudaProfilerStart, rt.cudaProfilerStop
+            except OSError:
+                continue
+        raise
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--impls", default=",".join(IMPLS))
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--ncu", default="ncu")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args.child)
+        return 0
+    need = compulsory_bytes(**SHAPE)
+    env = dict(os.environ, XLA_FLAGS="--xla_gpu_autotune_level=0")
+    for name in args.impls.split(","):
+        cmd = [
+            args.ncu,
+            "--clock-control",
+            "none",
+            "--profile-from-start",
+            "off",
+            "--csv",
+            "--print-units",
+            "base",
+            "--metrics",
+            ",".join(METRICS),
+            sys.executable,
+            "-m",
+            "benchmarks.hbm",
+            "--child",
+            name,
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        row = dict(impl=name, **SHAPE, dtype="float16", compulsory_bytes=need, error=None)
+        try:
+            totals = parse_ncu_csv(proc.stdout)
+            if proc.returncode or not totals["kernels"]:
+                raise RuntimeError(f"ncu exit {proc.returncode}: {proc.stderr.strip()[-300:]}")
+            read, write = totals["dram__bytes_read.sum"], totals["dram__bytes_write.sum"]
+            row.update(
+                read_bytes=read,
+                write_bytes=write,
+                total_bytes=read + write,
+                kernels=totals["kernels"],
+                over_compulsory=(read + write) / need,
+            )
+            print(
+                f"{name:24s} read {read / 1e9:6.2f} GB  write {write / 1e9:6.2f} GB  "
+                f"total {(read + write) / 1e9:6.2f} GB  ({(read + write) / need:.2f}x "
+                f"compulsory {need / 1e9:.2f} GB, {totals['kernels']} kernels)",
+                flush=True,
+            )
+        except Exception as e:  # noqa: BLE001 - recorded, as in the harness
+            row["error"] = f"{type(e).__name__}: {e}"[:400]
+            print(f"{name:24s} ERROR {row['error']}", flush=True)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
