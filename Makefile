@@ -38,8 +38,11 @@ demo: data
 	$(BIN)/python -m models.train --attention flash --out runs/demo $(DEMO_ARGS)
 
 # On the GPU machine (its python3 already has jax): the compiled kernel suite.
+# Many small compiles: 8 processes share the GPU, XLA's GEMM autotuner is off (speed
+# only), pytest-benchmark (on that image) is off since it refuses to run under xdist.
 gpu-test:
-	PYTHONPATH=. python3 -m pytest -m gpu -q
+	XLA_FLAGS=--xla_gpu_autotune_level=0 XLA_PYTHON_CLIENT_PREALLOCATE=false \
+	  PYTHONPATH=. python3 -m pytest -m gpu -q -p no:benchmark -n 8
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -6,7 +6,6 @@ import dataclasses
 import functools
 import math
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -16,10 +15,6 @@ from pallas_flash import masks
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
-
-
-def on_gpu() -> bool:
-    return jax.default_backend() == "gpu"
 
 
 def dot(a, b, *, trans_a: bool = False, trans_b: bool = False):
