@@ -471,14 +471,7 @@ def _unsupported(backend: str, call) -> str | None:
         return None
     if backend == "xla_blockwise":
         lacks = [
-            name
-            for name, present in (
-                ("bias", call["bias"] is not None),
-                ("mask", call["mask"] is not None),
-                ("logits_soft_cap", call["softcap"] is not None),
-                ("block_sparse", call["sparse"] is not None),
-            )
-            if present
+            name for name, present in (("block_sparse", call["sparse"] is not None),) if present
         ]
         if lacks:
             return f"{', '.join(lacks)} not supported by 'xla_blockwise' (use 'triton' or 'xla')"

@@ -15,6 +15,7 @@ from jax import lax
 
 from pallas_flash import dropout, masks
 from pallas_flash.configs import BlockwiseConfig
+from pallas_flash.triton.common import Logits
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -57,6 +58,36 @@ def _tile_keep_dropout(seeds, rate, j, block, shape):
     return dropout.keep_mask(seeds, batch_head, rows, cols, rate)
 
 
+def _extra_tiles(x, K: int, G: int, S: int, block: int, fill):
+    """A bias or mask broadcastable to [B, N, T, S] -> per key tile, [n, Bb, Kb, Gb, Tb, block].
+
+    Heads split as (K, G) (or stay 1); a key dim of 1 is broadcast to S first.
+    """
+    if x is None:
+        return None
+    Bb, Nb, Tb, _ = x.shape
+    x = jnp.broadcast_to(x, (Bb, Nb, Tb, S))
+    x = x.reshape(Bb, K, G, Tb, S) if Nb != 1 else x[:, :, None]
+    x = jnp.pad(x, [(0, 0)] * 4 + [(0, -S % block)], constant_values=fill)
+    x = x.reshape(*x.shape[:4], -1, block)
+    return jnp.moveaxis(x, 4, 0)
+
+
+def _scores(qg, k_j, mm, scale, bias_j, softcap):
+    """Base-2 scores [B, K, G, T, block], and tanh(s / cap) when soft-capped."""
+    s = jnp.einsum("btkgh,bskh->bkgts", qg, k_j, **mm)
+    if bias_j is None and softcap is None:
+        return s * (scale * LOG2E), None
+    s = s * scale
+    if bias_j is not None:
+        s = s + bias_j.astype(jnp.float32)
+    t = None
+    if softcap is not None:
+        t = jnp.tanh(s / softcap)
+        s = softcap * t
+    return s * LOG2E, t
+
+
 def _kv_seg_tiles(segments, block: int):
     """Key segment ids as [n_tiles, B, block] (padding is masked by kv_len anyway)."""
     if segments is None:
@@ -83,9 +114,10 @@ def forward(
     scale: float,
     config: BlockwiseConfig,
     dropout_rate: float = 0.0,
+    logits: Logits = Logits(),
 ):
     """Returns O [B, T, N, H] in q's dtype and the logsumexp [B, N, T] float32."""
-    assert bias is None and mask is None and layout is None, "the API sends these elsewhere"
+    assert layout is None, "the API sends block-sparse calls elsewhere"
     B, T, N, H = q.shape
     _, S, K, _ = k.shape
     G = N // K
@@ -95,9 +127,11 @@ def forward(
 
     def step(carry, xs):
         acc, m_i, l_i = carry  # [B, K, G, T, H], [B, K, G, T], [B, K, G, T]
-        j, k_j, v_j, seg_j = xs
-        s = jnp.einsum("btkgh,bskh->bkgts", qg, k_j, **mm) * (scale * LOG2E)
+        j, k_j, v_j, seg_j, bias_j, mask_j = xs
+        s, _ = _scores(qg, k_j, mm, scale, bias_j, logits.softcap)
         keep = _tile_keep(spec, j, block, T, q_len, kv_len, segments, seg_j)
+        if mask_j is not None:
+            keep = keep & mask_j
         s = jnp.where(keep, s, -jnp.inf)
         m_new = jnp.maximum(m_i, s.max(-1))
         m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # empty so far: avoid inf - inf
@@ -115,7 +149,16 @@ def forward(
         jnp.full((B, K, G, T), -jnp.inf, jnp.float32),
         jnp.zeros((B, K, G, T), jnp.float32),
     )
-    xs = (jnp.arange(k_t.shape[0]), k_t, v_t, _kv_seg_tiles(segments, block))
+    xs = (
+        jnp.arange(k_t.shape[0]),
+        k_t,
+        v_t,
+        _kv_seg_tiles(segments, block),
+        _extra_tiles(bias, K, G, S, block, 0),
+        _extra_tiles(mask, K, G, S, block, 0),
+    )
+    if mask is not None:
+        xs = (*xs[:5], xs[5] != 0)
     (acc, m_i, l_i), _ = lax.scan(step, init, xs)
 
     q_valid = (jnp.arange(T)[None, :] < q_len[:, None])[:, None, None, :]  # [B, 1, 1, T]
@@ -147,8 +190,10 @@ def backward(
     scale: float,
     config: BlockwiseConfig,
     dropout_rate: float = 0.0,
+    logits: Logits = Logits(),
 ):
-    """Returns dq, dk, dv in the dtypes of q, k, v."""
+    """Returns dq, dk, dv in the dtypes of q, k, v, and the bias gradient (in the bias's
+    shape and dtype) when `logits.bias_grad`, else None."""
     B, T, N, H = q.shape
     _, S, K, _ = k.shape
     G = N // K
@@ -167,11 +212,14 @@ def backward(
     delta = delta.reshape(B, K, G, T)
     # Base 2, and +inf on empty rows so that P = exp2(S - lse) is exactly 0 there.
     lse2 = jnp.where(jnp.isneginf(lse), jnp.inf, lse * LOG2E).reshape(B, K, G, T)
+    bias_t = _extra_tiles(bias, K, G, S, block, 0)
 
     def step(dq, xs):
-        j, k_j, v_j, seg_j = xs
-        s = jnp.einsum("btkgh,bskh->bkgts", qg, k_j, **mm) * (scale * LOG2E)
+        j, k_j, v_j, seg_j, bias_j, mask_j = xs
+        s, tanh = _scores(qg, k_j, mm, scale, bias_j, logits.softcap)
         keep = _tile_keep(spec, j, block, T, q_len, kv_len, segments, seg_j)
+        if mask_j is not None:
+            keep = keep & mask_j
         s = jnp.where(keep, s, -jnp.inf)
         p = jnp.exp2(s - lse2[..., None])  # [B, K, G, T, block]
         dp = jnp.einsum("btkgh,bskh->bkgts", dog, v_j, **mm)
@@ -181,21 +229,35 @@ def backward(
             inv = 1.0 / (1.0 - dropout_rate)
             p_out, dp = jnp.where(z, p * inv, 0.0), jnp.where(z, dp * inv, 0.0)
         dv_j = jnp.einsum("bkgts,btkgh->bskh", p_out.astype(do.dtype), dog, **mm)
-        ds = (p * (dp - delta[..., None])).astype(q.dtype)
+        ds32 = p * (dp - delta[..., None])
+        if tanh is not None:
+            ds32 = ds32 * (1.0 - tanh * tanh)  # through cap * tanh(s / cap)
+        ds = ds32.astype(q.dtype)
         dk_j = jnp.einsum("bkgts,btkgh->bskh", ds, qg, **mm) * scale
         dq = dq + jnp.einsum("bkgts,bskh->btkgh", ds, k_j, **mm) * scale
-        return dq, (dk_j, dv_j)
+        dbias_j = None
+        if logits.bias_grad:  # sum dS over the dims the bias broadcasts along
+            axes = tuple(a for a in range(5) if bias_j.shape[a] == 1 and ds32.shape[a] != 1)
+            dbias_j = ds32.sum(axis=axes, keepdims=True)
+        return dq, (dk_j, dv_j, dbias_j)
 
     k_t, v_t = _tiles(k, block), _tiles(v, block)
     dq0 = jnp.zeros((B, T, K, G, H), jnp.float32)
-    xs = (jnp.arange(k_t.shape[0]), k_t, v_t, _kv_seg_tiles(segments, block))
-    dq, (dk_t, dv_t) = lax.scan(step, dq0, xs)
+    mask_t = None if mask is None else _extra_tiles(mask, K, G, S, block, 0) != 0
+    xs = (jnp.arange(k_t.shape[0]), k_t, v_t, _kv_seg_tiles(segments, block), bias_t, mask_t)
+    dq, (dk_t, dv_t, dbias_t) = lax.scan(step, dq0, xs)
 
     def untile(x):
         return jnp.moveaxis(x, 0, 1).reshape(B, -1, K, H)[:, :S]
 
+    dbias = None
+    if logits.bias_grad:  # [n, Bb, Kb, Gb, Tb, block] -> the bias's own shape
+        Bb, Nb, Tb, Sb = bias.shape
+        d = jnp.moveaxis(dbias_t, 0, 4).reshape(Bb, Nb, Tb, -1)[..., :S]
+        dbias = (d if Sb == S else d.sum(-1, keepdims=True)).astype(bias.dtype)
     return (
         dq.reshape(B, T, N, H).astype(q.dtype),
         untile(dk_t).astype(k.dtype),
         untile(dv_t).astype(v.dtype),
+        dbias,
     )

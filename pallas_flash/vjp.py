@@ -39,11 +39,11 @@ class Plan:
 
 def _kernels(plan: Plan, bias_grad: bool = False):
     """The plan's forward and backward functions, with everything static bound."""
-    common = dict(spec=plan.spec, scale=plan.scale, dropout_rate=plan.dropout_rate)
+    logits = dataclasses.replace(plan.logits, bias_grad=bias_grad)
+    common = dict(spec=plan.spec, scale=plan.scale, dropout_rate=plan.dropout_rate, logits=logits)
     if plan.backend == "triton":
         fwd, bwd = triton_forward.forward, triton_backward.backward
-        logits = dataclasses.replace(plan.logits, bias_grad=bias_grad)
-        common.update(interpret=plan.interpret, logits=logits)
+        common.update(interpret=plan.interpret)
     elif plan.backend == "xla_blockwise":
         fwd, bwd = blockwise.forward, blockwise.backward
     else:

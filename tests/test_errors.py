@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_flash import TritonConfig, flash_attention
+from pallas_flash import BlockSparse, TritonConfig, flash_attention
 
 B, T, S, N, K, H = 2, 8, 12, 4, 2, 16
 
@@ -164,22 +164,6 @@ def test_config_for_the_wrong_backend():
     )
 
 
-@pytest.mark.parametrize("arg", ["bias", "mask", "logits_soft_cap"])
-def test_blockwise_names_what_it_lacks(arg):
-    value = {
-        "bias": jnp.zeros((1, 1, T, S)),
-        "mask": jnp.ones((1, 1, T, S), bool),
-        "logits_soft_cap": 5.0,
-    }[arg]
-    expect(
-        NotImplementedError,
-        f"{arg} not supported by 'xla_blockwise'",
-        *qkv(),
-        implementation="xla_blockwise",
-        **{arg: value},
-    )
-
-
 def test_bad_soft_cap():
     expect(
         ValueError, "logits_soft_cap must be a positive finite float", *qkv(), logits_soft_cap=0.0
@@ -187,11 +171,12 @@ def test_bad_soft_cap():
 
 
 def test_default_falls_back_to_xla_for_later_features():
-    """implementation=None serves the call with the first backend that can."""
+    """implementation=None serves the call with the first backend that can: on CPU,
+    block sparsity is not in xla_blockwise, so the reference serves it."""
     q, k, v = qkv()
-    bias = jnp.ones((1, 1, T, S)) * jnp.arange(S)
-    got = flash_attention(q, k, v, bias=bias)
-    want = flash_attention(q, k, v, bias=bias, implementation="xla")
+    sparse = BlockSparse(jnp.ones((1, 1), bool), 16, 16)
+    got = flash_attention(q, k, v, block_sparse=sparse)
+    want = flash_attention(q, k, v, block_sparse=sparse, implementation="xla")
     np.testing.assert_array_equal(got, want)
 
 
