@@ -23,8 +23,8 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from pallas_flash import configs, dropout, masks, reference, sparsity, vjp
+from pallas_flash.logits import Logits
 from pallas_flash.sparsity import BlockSparse
-from pallas_flash.triton.common import Logits
 
 IMPLEMENTATIONS = ("triton", "xla_blockwise", "xla")
 _FLOAT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))

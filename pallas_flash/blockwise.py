@@ -15,9 +15,8 @@ from jax import lax
 
 from pallas_flash import dropout, masks
 from pallas_flash.configs import BlockwiseConfig
-from pallas_flash.triton.common import Logits
+from pallas_flash.logits import LOG2E, Logits, base2_scores
 
-LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
 
@@ -76,16 +75,7 @@ def _extra_tiles(x, K: int, G: int, S: int, block: int, fill):
 def _scores(qg, k_j, mm, scale, bias_j, softcap):
     """Base-2 scores [B, K, G, T, block], and tanh(s / cap) when soft-capped."""
     s = jnp.einsum("btkgh,bskh->bkgts", qg, k_j, **mm)
-    if bias_j is None and softcap is None:
-        return s * (scale * LOG2E), None
-    s = s * scale
-    if bias_j is not None:
-        s = s + bias_j.astype(jnp.float32)
-    t = None
-    if softcap is not None:
-        t = jnp.tanh(s / softcap)
-        s = softcap * t
-    return s * LOG2E, t
+    return base2_scores(s, scale=scale, bias=bias_j, softcap=softcap)
 
 
 def _kv_seg_tiles(segments, block: int):

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from pallas_flash import blockwise, masks
+from pallas_flash.logits import Logits
 from pallas_flash.triton import backward as triton_backward
 from pallas_flash.triton import forward as triton_forward
-from pallas_flash.triton.common import Logits
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

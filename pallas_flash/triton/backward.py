@@ -29,9 +29,8 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_flash import dropout, masks
 from pallas_flash.configs import TritonBwdConfig, fit_block, padded_head_dim
+from pallas_flash.logits import LOG2E, Logits
 from pallas_flash.triton.common import (
-    LOG2E,
-    Logits,
     broadcast_inputs,
     dot,
     dropout_inputs,

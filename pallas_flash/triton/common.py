@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -12,8 +11,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_flash import masks
+from pallas_flash.logits import Logits, base2_scores
 
-LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
 
@@ -124,21 +123,6 @@ def dropout_inputs(seeds):
     return [pl.BlockSpec((2,), lambda *grid: (0,))], [seeds]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Logits:
-    """Static description of what is added to / done with the scores before softmax.
-
-    `bias_dims` / `mask_dims`: for a bias / boolean mask broadcastable to [B, N, T, S],
-    which of those four dims it has in full (the rest are 1). `bias_grad`: the backward
-    pass also returns dS for the bias gradient. `softcap`: cap * tanh(s / cap).
-    """
-
-    bias_dims: tuple[bool, bool, bool, bool] | None = None
-    mask_dims: tuple[bool, bool, bool, bool] | None = None
-    bias_grad: bool = False
-    softcap: float | None = None
-
-
 def split_refs(rest, spec, dropout: bool, n_out: int, logits: Logits | None = None):
     """Splits a kernel's optional refs: (q_seg, kv_seg, ranges), seeds, bias, mask,
     (sparse counts, sparse indices), outputs.
@@ -220,22 +204,8 @@ def load_broadcast_tile(
 
 
 def scores(q, k, *, scale: float, bias=None, softcap=None):
-    """Base-2 scores of a tile, and tanh(s / cap) when soft-capped (the backward needs it).
-
-    Without bias or cap this is one multiply by scale * log2(e); otherwise the natural
-    scores scale * q k^T + bias are capped, then converted to base 2.
-    """
-    s = dot(q, k, trans_b=True)  # [block_q, block_kv]
-    if bias is None and softcap is None:
-        return s * (scale * LOG2E), None
-    s = s * scale
-    if bias is not None:
-        s = s + bias.astype(jnp.float32)
-    t = None
-    if softcap is not None:
-        t = jnp.tanh(s / softcap)
-        s = softcap * t
-    return s * LOG2E, t
+    """Base-2 scores of a tile [block_q, block_kv], and tanh(s / cap) when soft-capped."""
+    return base2_scores(dot(q, k, trans_b=True), scale=scale, bias=bias, softcap=softcap)
 
 
 def broadcast_inputs(x, dims, t_pad: int, s_pad: int, batch_of, head_of, head_block=None):

@@ -1,0 +1,47 @@
+"""What every backend does to the raw scores before the softmax: scale, bias, soft cap.
+
+Shared by the Triton kernels and the blockwise backend, so both compute the same thing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax.numpy as jnp
+
+LOG2E = math.log2(math.e)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Logits:
+    """Static description of what is added to / done with the scores before softmax.
+
+    `bias_dims` / `mask_dims`: for a bias / boolean mask broadcastable to [B, N, T, S],
+    which of those four dims it has in full (the rest are 1). `bias_grad`: the backward
+    pass also returns the bias gradient. `softcap`: cap * tanh(s / cap).
+    """
+
+    bias_dims: tuple[bool, bool, bool, bool] | None = None
+    mask_dims: tuple[bool, bool, bool, bool] | None = None
+    bias_grad: bool = False
+    softcap: float | None = None
+
+
+def base2_scores(s, *, scale: float, bias=None, softcap=None):
+    """Raw q k^T scores (float32) -> base-2 scores, and tanh(s / cap) when soft-capped
+    (the backward needs it).
+
+    Without bias or cap this is one multiply by scale * log2(e) (exp(x) = exp2(x log2 e));
+    otherwise the natural scores scale * q k^T + bias are capped, then put in base 2.
+    """
+    if bias is None and softcap is None:
+        return s * (scale * LOG2E), None
+    s = s * scale
+    if bias is not None:
+        s = s + bias.astype(jnp.float32)
+    t = None
+    if softcap is not None:
+        t = jnp.tanh(s / softcap)
+        s = softcap * t
+    return s * LOG2E, t
