@@ -366,7 +366,6 @@ def _validate(
         segment_ids=segment_ids,
         bias=bias,
         mask=mask,
-        head_dim=H,
     )
 
 

@@ -15,7 +15,7 @@ from jax import lax
 
 from pallas_flash import dropout, masks
 from pallas_flash.configs import BlockwiseConfig
-from pallas_flash.logits import LOG2E, Logits, base2_scores
+from pallas_flash.logits import Logits, backward_stats, base2_scores
 
 LN2 = 0.6931471805599453
 
@@ -191,17 +191,7 @@ def backward(
     mm = _matmul_kwargs(q.dtype)
     qg = q.reshape(B, T, K, G, H)
     dog = do.reshape(B, T, K, G, H)
-    delta = jnp.einsum(
-        "btnh,btnh->bnt",
-        o.astype(jnp.float32),
-        do.astype(jnp.float32),
-        precision=lax.Precision.HIGHEST,
-    )
-    if dlse is not None:
-        delta = delta - dlse
-    delta = delta.reshape(B, K, G, T)
-    # Base 2, and +inf on empty rows so that P = exp2(S - lse) is exactly 0 there.
-    lse2 = jnp.where(jnp.isneginf(lse), jnp.inf, lse * LOG2E).reshape(B, K, G, T)
+    lse2, delta = (x.reshape(B, K, G, T) for x in backward_stats(o, do, lse, dlse))
     bias_t = _extra_tiles(bias, K, G, S, block, 0)
 
     def step(dq, xs):

@@ -9,6 +9,7 @@ import dataclasses
 import math
 
 import jax.numpy as jnp
+from jax import lax
 
 LOG2E = math.log2(math.e)
 
@@ -45,3 +46,21 @@ def base2_scores(s, *, scale: float, bias=None, softcap=None):
         t = jnp.tanh(s / softcap)
         s = softcap * t
     return s * LOG2E, t
+
+
+def backward_stats(o, do, lse, dlse):
+    """What the backward pass needs per query row, [B, N, T] float32 each.
+
+    The logsumexp in base 2 with +inf on empty rows (so that P = exp2(S - lse) is exactly
+    0 there, no mask needed), and D = rowsum(dO * O) - dlse (the logsumexp's cotangent
+    enters through D: d lse_i / d s_ij = p_ij).
+    """
+    delta = jnp.einsum(
+        "btnh,btnh->bnt",
+        o.astype(jnp.float32),
+        do.astype(jnp.float32),
+        precision=lax.Precision.HIGHEST,
+    )
+    if dlse is not None:
+        delta = delta - dlse
+    return jnp.where(jnp.isneginf(lse), jnp.inf, lse * LOG2E), delta

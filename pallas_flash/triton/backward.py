@@ -29,7 +29,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_flash import dropout, masks
 from pallas_flash.configs import TritonBwdConfig, fit_block, padded_head_dim
-from pallas_flash.logits import LOG2E, Logits
+from pallas_flash.logits import Logits, backward_stats
 from pallas_flash.triton.common import (
     broadcast_inputs,
     dot,
@@ -285,15 +285,7 @@ def _dq_kernel(
 
 def prepare_stats(o, do, lse, dlse, t_pad: int):
     """Base-2 logsumexp (+inf on empty rows) and D = rowsum(dO * O) - dlse, [B, N, t_pad]."""
-    delta = jnp.einsum(
-        "btnh,btnh->bnt",
-        o.astype(jnp.float32),
-        do.astype(jnp.float32),
-        precision=lax.Precision.HIGHEST,
-    )
-    if dlse is not None:
-        delta = delta - dlse
-    lse2 = jnp.where(jnp.isneginf(lse), jnp.inf, lse * LOG2E)
+    lse2, delta = backward_stats(o, do, lse, dlse)
     pad = [(0, 0), (0, 0), (0, t_pad - lse.shape[-1])]
     return jnp.pad(lse2, pad, constant_values=jnp.inf), jnp.pad(delta, pad)
 
