@@ -257,6 +257,9 @@ def main(argv=None):
         help="seconds; stop starting new shapes after this (rows so far stay)",
     )
     parser.add_argument(
+        "--head-dims", default=None, help="comma-separated head dims to keep (default: all)"
+    )
+    parser.add_argument(
         "--isolate",
         action="store_true",
         help="memory suite: one process per implementation, so that the "
@@ -281,6 +284,9 @@ def main(argv=None):
     out = open(args.out, "a") if args.out else None  # noqa: SIM115 - appended row by row
     checked: dict = {}
     shapes = suite.tiny_shapes if args.tiny else suite.shapes
+    if args.head_dims:
+        keep = {int(h) for h in args.head_dims.split(",")}
+        shapes = tuple(s for s in shapes if s.head_dim in keep)
     start = time.perf_counter()
     for s in shapes:
         if args.time_budget and time.perf_counter() - start > args.time_budget:
@@ -312,7 +318,11 @@ def _forward_args(args, name, run_id):
         "--max-run-seq",
         str(args.max_run_seq),
     ]
-    for flag, value in (("--out", args.out), ("--commit", args.commit)):
+    for flag, value in (
+        ("--out", args.out),
+        ("--commit", args.commit),
+        ("--head-dims", args.head_dims),
+    ):
         if value:
             fwd += [flag, value]
     return fwd + (["--tiny"] if args.tiny else [])

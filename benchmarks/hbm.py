@@ -94,6 +94,7 @@ def main(argv=None) -> int:
     parser.add_argument("--impls", default=",".join(IMPLS))
     parser.add_argument("--out", default=None)
     parser.add_argument("--ncu", default="ncu")
+    parser.add_argument("--timeout", type=float, default=240, help="seconds per implementation")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -119,9 +120,11 @@ def main(argv=None) -> int:
             "--child",
             name,
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
         row = dict(impl=name, **SHAPE, dtype="float16", compulsory_bytes=need, error=None)
         try:
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, env=env, check=False, timeout=args.timeout
+            )
             totals = parse_ncu_csv(proc.stdout)
             if proc.returncode or not totals["kernels"]:
                 raise RuntimeError(f"ncu exit {proc.returncode}: {proc.stderr.strip()[-300:]}")

@@ -105,7 +105,7 @@ def flash_attention(
         the tiles between documents are skipped; other ids are masked tile by tile.
       block_sparse: a `BlockSparse` layout (block-sparse FlashAttention): only the listed
         (query block, key block) tiles are computed, forward and backward; the kernels'
-        tiles become the layout's blocks. "triton" and "xla" serve it.
+        tiles divide the layout's blocks. "triton" and "xla" serve it.
       logits_soft_cap: if set, scores become cap * tanh(scores / cap) after scale and
         bias (Gemma-2 style), with the matching backward.
       dropout_rate: probability of dropping each attention probability (kept ones are
@@ -149,7 +149,9 @@ def flash_attention(
     call["sparse"] = _validate_sparse(block_sparse, query.shape, key.shape)
     if call["sparse"] is not None:
         call["spec"] = dataclasses.replace(
-            call["spec"], sparse_per_head=call["sparse"].layout.shape[0] > 1
+            call["spec"],
+            sparse_per_head=call["sparse"].layout.shape[0] > 1,
+            sparse_block=(call["sparse"].block_q, call["sparse"].block_kv),
         )
     seeds = None if dropout_rate == 0 else dropout.seeds_from_key(dropout_rng)
     backend = _choose_backend(call, implementation)
@@ -395,25 +397,25 @@ def _validate_sparse(sparse, q_shape, k_shape):
 
 
 def _sparse_configs(sparse, fwd, bwd, config, backward_config):
-    """The kernels' tiles must be the layout's blocks."""
-    bq, bk = sparse.block_q, sparse.block_kv
-    for name, given, pairs in (
-        ("config", config, (("block_q", bq), ("block_kv", bk))),
-        (
-            "backward_config",
-            backward_config,
-            (("block_q_dkv", bq), ("block_kv_dkv", bk), ("block_q_dq", bq), ("block_kv_dq", bk)),
-        ),
-    ):
-        for field, want in pairs:
-            if given is not None and getattr(given, field) != want:
+    """Kernel tiles must divide the layout's blocks (the kernels restate the layout at
+    their own tiles): a tile the caller set must; a default tile shrinks to the block."""
+    block = {"q": sparse.block_q, "kv": sparse.block_kv}
+
+    def fit(name, given, cfg):
+        tiles = {
+            f.name: block[f.name.split("_")[1]]  # block_q, block_kv_dq, ... -> q or kv
+            for f in dataclasses.fields(cfg)
+            if f.name.startswith("block_")
+        }
+        for field, size in tiles.items():
+            if given is not None and size % getattr(given, field):
                 raise ValueError(
-                    f"{name}.{field}={getattr(given, field)} differs from the "
-                    f"block_sparse block size {want}"
+                    f"{name}.{field}={getattr(given, field)} must divide the block_sparse "
+                    f"block size {size}"
                 )
-    fwd = dataclasses.replace(fwd, block_q=bq, block_kv=bk)
-    bwd = dataclasses.replace(bwd, block_q_dkv=bq, block_kv_dkv=bk, block_q_dq=bq, block_kv_dq=bk)
-    return fwd, bwd
+        return dataclasses.replace(cfg, **{f: min(getattr(cfg, f), b) for f, b in tiles.items()})
+
+    return fit("config", config, fwd), fit("backward_config", backward_config, bwd)
 
 
 def _full_dims(x, full) -> tuple[bool, bool, bool, bool] | None:

@@ -43,6 +43,8 @@ class MaskSpec:
     segments: bool = False
     # Block-sparse layout: None, or whether it has one layout per query head.
     sparse_per_head: bool | None = None
+    # The layout's block (query, key); kernel tiles divide it.
+    sparse_block: tuple[int, int] | None = None
 
     @property
     def block_sparse(self) -> bool:
@@ -235,18 +237,40 @@ def _tiles_clamp(lo, full_lo, full_hi, hi):
     return lo, full_lo, jnp.clip(full_hi, full_lo, hi), hi
 
 
+def layout_at_tiles(layout, layout_block, block_q: int, block_kv: int, seq_q: int, seq_kv: int):
+    """A layout of `layout_block` blocks restated at the kernel's tiles, which divide
+    them: each layout block becomes (bq_L / block_q) x (bk_L / block_kv) tiles, so the
+    kernel keeps the tile size it is fastest at, whatever block the user's layout has."""
+    (lq, lk) = layout_block
+    if lq % block_q or lk % block_kv:
+        raise ValueError(f"tiles {block_q}x{block_kv} do not divide layout blocks {lq}x{lk}")
+    layout = jnp.repeat(jnp.repeat(layout, lq // block_q, axis=1), lk // block_kv, axis=2)
+    return layout[:, : -(-seq_q // block_q), : -(-seq_kv // block_kv)]
+
+
 def sparse_tile_lists(
-    layout, spec: MaskSpec, block_q: int, block_kv: int, q_len, kv_len, segments=None
+    layout,
+    spec: MaskSpec,
+    block_q: int,
+    block_kv: int,
+    seq_q: int,
+    seq_kv: int,
+    q_len,
+    kv_len,
+    segments=None,
 ):
     """Block-sparse layout -> per-tile lists of the tiles to visit, computed in XLA.
 
-    `layout` is bool [Nl, nq, nk] (Nl = 1 or the number of query heads). Returns
+    `layout` is bool [Nl, nq_L, nk_L] at the blocks of `spec.sparse_block` (Nl = 1 or
+    the number of query heads); the lists are at the kernel's [block_q, block_kv] tiles
+    (`layout_at_tiles`). Returns
     (per query tile: counts [B, Nl, nq, 2] and key-tile indices [B, Nl, nq, nk];
     per key tile: counts [B, Nl, nk, 2] and query-tile indices [B, Nl, nk, nq]). Each
     list holds the layout's tiles that the other constraints (causal, window, lengths,
     segments) leave visible: first those that need no element mask, then those that
     do; counts are (number unmasked, number in all). Skipped tiles are never listed.
     """
+    layout = layout_at_tiles(layout, spec.sparse_block, block_q, block_kv, seq_q, seq_kv)
     _, nq, nk = layout.shape
     diag = offset(spec, q_len, kv_len)
     per_q = jnp.arange(nq) * block_q

@@ -64,9 +64,21 @@ class _Tile:
         return ds
 
 
-def _keep(spec, rows, cols, kv_len, diag, segs, user):
-    keep = masks.tile_mask(spec, rows, cols, kv_len, diag, segs)
-    return keep if user is None else keep & (user != 0)
+def _keep(spec, masked, rows, cols, kv_len, diag, segs, user):
+    """The tile's element mask: the structural masks where they cut it (`masked`), and
+    the user's mask (a tile, or None) everywhere; None when nothing cuts it."""
+    keep = masks.tile_mask(spec, rows, cols, kv_len, diag, segs()) if masked else None
+    if user is not None:
+        keep = (user != 0) if keep is None else keep & (user != 0)
+    return keep
+
+
+def _segment_tiles(q_seg_ref, kv_seg_ref, block_q, block_kv, q0, k0):
+    """A tile's (query ids [block_q, 1], key ids [1, block_kv]), or None. Read inside the
+    masked loops only, so full tiles never hold them in registers."""
+    if q_seg_ref is None:
+        return None
+    return q_seg_ref[pl.ds(q0, block_q)][:, None], kv_seg_ref[pl.ds(k0, block_kv)][None, :]
 
 
 def _dropped(seeds, batch_head, rows, cols, rate, p, dp):
@@ -113,7 +125,7 @@ def _dkdv_kernel(
     bounds = tile_bounds(
         spec, ranges_ref, j, k0, block_kv, block_q, q_len, kv_len, diag, over_kv=False
     )
-    kv_seg = None if kv_seg_ref is None else kv_seg_ref[pl.ds(k0, block_kv)][None, :]
+    segs_of = functools.partial(_segment_tiles, q_seg_ref, kv_seg_ref, block_q, block_kv)
 
     k = load_tile(k_ref, k0, block_kv, seq_kv, head_dim)  # [block_kv, hp]
     v = load_tile(v_ref, k0, block_kv, seq_kv, head_dim)  # [block_kv, hp]
@@ -144,22 +156,22 @@ def _dkdv_kernel(
                 seq_kv,
                 logits.bias_dims,
             )
-        if masked:
-            segs = None if kv_seg is None else (q_seg_ref[pl.ds(q0, block_q)][:, None], kv_seg)
-            user = None
-            if mask_ref is not None:
-                user = load_broadcast_tile(
-                    mask_ref,
-                    g if logits.mask_dims[1] else 0,
-                    q0,
-                    k0,
-                    block_q,
-                    block_kv,
-                    seq_q,
-                    seq_kv,
-                    logits.mask_dims,
-                )
-            keep = _keep(spec, rows, cols, kv_len, diag, segs, user)
+        user = None
+        if mask_ref is not None:
+            user = load_broadcast_tile(
+                mask_ref,
+                g if logits.mask_dims[1] else 0,
+                q0,
+                k0,
+                block_q,
+                block_kv,
+                seq_q,
+                seq_kv,
+                logits.mask_dims,
+            )
+        keep = _keep(
+            spec, masked, rows, cols, kv_len, diag, functools.partial(segs_of, q0, k0), user
+        )
         tile = _Tile(q, k, lse2, scale=scale, logits=logits, bias=bias, keep=keep)
         dp = dot(do, v, trans_b=True)  # [block_q, block_kv]
         p_out = tile.p
@@ -179,7 +191,6 @@ def _dkdv_kernel(
             j,
             bounds,
             carry,
-            user_mask=mask_ref is not None,
         )
 
     hp = k.shape[-1]
@@ -227,7 +238,7 @@ def _dq_kernel(
     bounds = tile_bounds(
         spec, ranges_ref, i, q0, block_q, block_kv, q_len, kv_len, diag, over_kv=True
     )
-    q_seg = None if q_seg_ref is None else q_seg_ref[pl.ds(q0, block_q)][:, None]
+    segs_of = functools.partial(_segment_tiles, q_seg_ref, kv_seg_ref, block_q, block_kv)
 
     q = load_tile(q_ref, q0, block_q, seq_q, head_dim)  # [block_q, hp]
     do = load_tile(do_ref, q0, block_q, seq_q, head_dim)  # [block_q, hp]
@@ -248,14 +259,14 @@ def _dq_kernel(
             bias = load_broadcast_tile(
                 bias_ref, None, q0, k0, block_q, block_kv, seq_q, seq_kv, logits.bias_dims
             )
-        if masked:
-            segs = None if q_seg is None else (q_seg, kv_seg_ref[pl.ds(k0, block_kv)][None, :])
-            user = None
-            if mask_ref is not None:
-                user = load_broadcast_tile(
-                    mask_ref, None, q0, k0, block_q, block_kv, seq_q, seq_kv, logits.mask_dims
-                )
-            keep = _keep(spec, rows, cols, kv_len, diag, segs, user)
+        user = None
+        if mask_ref is not None:
+            user = load_broadcast_tile(
+                mask_ref, None, q0, k0, block_q, block_kv, seq_q, seq_kv, logits.mask_dims
+            )
+        keep = _keep(
+            spec, masked, rows, cols, kv_len, diag, functools.partial(segs_of, q0, k0), user
+        )
         tile = _Tile(q, k, lse2, scale=scale, logits=logits, bias=bias, keep=keep)
         dp = dot(do, v, trans_b=True)  # [block_q, block_kv]
         if dropout_rate > 0:
@@ -278,7 +289,6 @@ def _dq_kernel(
         i,
         bounds,
         jnp.zeros(q.shape, jnp.float32),
-        user_mask=mask_ref is not None,
     )
     store_tile(dq_ref, q0, dq * scale, seq_q, head_dim)
 
@@ -331,13 +341,13 @@ def backward(
     )
     per_len = pl.BlockSpec((None,), lambda j, b, h: (b,))
 
-    lists = (None, None)
-    if layout is not None:  # block-sparse: tiles are the layout's blocks in both kernels
-        lists = masks.sparse_tile_lists(
-            layout, spec, config.block_q_dq, config.block_kv_dq, q_len, kv_len, segments
-        )
-
     def extras(bq, bk, t_pad, s_pad, own_is_q, head_of, head_block):
+        lists = None  # block-sparse: each own tile's list of the other kind's tiles
+        if layout is not None:
+            per_q, per_kv = masks.sparse_tile_lists(
+                layout, spec, bq, bk, T, S, q_len, kv_len, segments
+            )
+            lists = per_q if own_is_q else per_kv
         specs, args = [], []
         for specs_args in (
             segment_inputs(segments, bq, bk, t_pad, s_pad, lambda j, b, h: b, own_is_q=own_is_q),
@@ -348,9 +358,7 @@ def backward(
             broadcast_inputs(
                 mask, logits.mask_dims, t_pad, s_pad, lambda j, b, h: b, head_of, head_block
             ),
-            sparse_inputs(
-                lists[0] if own_is_q else lists[1], lambda j, b, h: b, head_of, head_block
-            ),
+            sparse_inputs(lists, lambda j, b, h: b, head_of, head_block),
         ):
             specs += specs_args[0]
             args += specs_args[1]

@@ -141,23 +141,20 @@ def split_refs(rest, spec, dropout: bool, n_out: int, logits: Logits | None = No
     return segs, seeds, bias, mask, sparse, outs
 
 
-def visit_tiles(body, spec, sparse, head, tile, bounds, carry, *, user_mask: bool):
-    """Runs `body(j, carry, masked=...)` over the tiles this program must visit.
+def visit_tiles(body, spec, sparse, head, tile, bounds, carry):
+    """Runs `body(j, carry, masked=...)` over the tiles this program must visit;
+    `masked` says whether the structural masks (causal, window, lengths, segments) cut
+    the tile. A user's boolean mask is applied by the body on every tile.
 
-    Dense: the interval loops of `bounds` (all masked when a user mask is present).
+    Dense: the interval loops of `bounds`.
     Block-sparse: the precomputed list of this tile (`sparse` = counts, indices refs of
     [heads, n_tiles, 2] / [heads, n_tiles, n_other]): unmasked entries first, then masked.
     """
     if sparse is None:
-        lo, full_lo, full_hi, hi = bounds
-        if user_mask:  # a user mask can cut any tile: every visited tile is masked
-            full_lo = full_hi = lo
-        return three_loops(body, (lo, full_lo, full_hi, hi), carry)
+        return three_loops(body, bounds, carry)
     counts_ref, index_ref = sparse
     h = head if spec.sparse_per_head else jnp.int32(0)
     n_full, n_all = counts_ref[h, tile, 0], counts_ref[h, tile, 1]
-    if user_mask:
-        n_full = jnp.int32(0)
 
     def listed(t, carry, *, masked):
         return body(index_ref[h, tile, t], carry, masked=masked)

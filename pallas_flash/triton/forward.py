@@ -79,7 +79,6 @@ def _forward_kernel(
 
     q = load_tile(q_ref, q0, block_q, seq_q, head_dim)  # [block_q, hp]
     rows = (q0 + jnp.arange(block_q))[:, None]  # [block_q, 1]
-    q_seg = None if q_seg_ref is None else q_seg_ref[pl.ds(q0, block_q)][:, None]
     if dropout_rate > 0:
         seeds = (seeds_ref[0], seeds_ref[1])
         batch_head = pl.program_id(1) * pl.num_programs(2) + pl.program_id(2)
@@ -95,18 +94,25 @@ def _forward_kernel(
             )
         # Base-2 logits: exp(x) = exp2(x * log2(e)), with log2(e) folded into the scale.
         s, _ = scores(q, k, scale=scale, bias=bias, softcap=logits.softcap)
-        if masked:
+        keep = None
+        if masked:  # the structural masks cut this tile (full tiles skip this work)
             cols = (k0 + jnp.arange(block_kv))[None, :]
-            segs = None if q_seg is None else (q_seg, kv_seg_ref[pl.ds(k0, block_kv)][None, :])
-            keep = masks.tile_mask(spec, rows, cols, kv_len, diag, segs)
-            if mask_ref is not None:
-                user = load_broadcast_tile(
-                    mask_ref, None, q0, k0, block_q, block_kv, seq_q, seq_kv, logits.mask_dims
+            segs = None
+            if q_seg_ref is not None:  # read here, not held in registers across the loop
+                segs = (
+                    q_seg_ref[pl.ds(q0, block_q)][:, None],
+                    kv_seg_ref[pl.ds(k0, block_kv)][None, :],
                 )
-                keep = keep & (user != 0)
+            keep = masks.tile_mask(spec, rows, cols, kv_len, diag, segs)
+        if mask_ref is not None:  # a user mask can cut any tile
+            user = load_broadcast_tile(
+                mask_ref, None, q0, k0, block_q, block_kv, seq_q, seq_kv, logits.mask_dims
+            )
+            keep = (user != 0) if keep is None else keep & (user != 0)
+        if keep is not None:
             s = jnp.where(keep, s, -jnp.inf)
         m_new = jnp.maximum(m_i, jnp.max(s, axis=1))  # [block_q]
-        if masked:
+        if keep is not None:
             # A row that has seen only masked keys has max -inf; subtracting it would
             # give exp2(-inf + inf) = NaN. Use 0 instead: its p and alpha are then 0.
             m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)
@@ -129,9 +135,7 @@ def _forward_kernel(
         jnp.full((block_q,), -jnp.inf, jnp.float32),
         jnp.zeros((block_q,), jnp.float32),
     )
-    acc, m_i, l_i = visit_tiles(
-        body, spec, sparse, jnp.int32(0), i, bounds, carry, user_mask=mask_ref is not None
-    )
+    acc, m_i, l_i = visit_tiles(body, spec, sparse, jnp.int32(0), i, bounds, carry)
 
     # A fully masked row (l_i == 0) outputs 0 with logsumexp -inf, never 0/0.
     empty = (l_i == 0.0) | (rows[:, 0] >= q_len)
@@ -195,6 +199,11 @@ def forward(
     per_len = pl.BlockSpec((None,), lambda i, b, h: (b,))
     q_spec = pl.BlockSpec((None, t_pad, None, hp), lambda i, b, h: (b, 0, h, 0))
     kv_spec = pl.BlockSpec((None, s_pad, None, hp), lambda i, b, h: (b, 0, h // G, 0))
+    q_lists = None  # block-sparse: for each query tile, the key tiles to visit
+    if layout is not None:
+        q_lists = masks.sparse_tile_lists(
+            layout, spec, block_q, block_kv, T, S, q_len, kv_len, segments
+        )[0]
     extra_specs, extra_args = [], []
     for specs_args in (
         segment_inputs(segments, block_q, block_kv, t_pad, s_pad, lambda i, b, h: b, own_is_q=True),
@@ -205,15 +214,7 @@ def forward(
         broadcast_inputs(
             mask, logits.mask_dims, t_pad, s_pad, lambda i, b, h: b, lambda i, b, h: h
         ),
-        sparse_inputs(
-            None
-            if layout is None
-            else masks.sparse_tile_lists(layout, spec, block_q, block_kv, q_len, kv_len, segments)[
-                0
-            ],
-            lambda i, b, h: b,
-            lambda i, b, h: h,
-        ),
+        sparse_inputs(q_lists, lambda i, b, h: b, lambda i, b, h: h),
     ):
         extra_specs += specs_args[0]
         extra_args += specs_args[1]
