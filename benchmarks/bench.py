@@ -260,6 +260,9 @@ def main(argv=None):
         "--head-dims", default=None, help="comma-separated head dims to keep (default: all)"
     )
     parser.add_argument(
+        "--masks", default=None, help="comma-separated mask labels to keep (default: all)"
+    )
+    parser.add_argument(
         "--isolate",
         action="store_true",
         help="memory suite: one process per implementation, so that the "
@@ -287,6 +290,9 @@ def main(argv=None):
     if args.head_dims:
         keep = {int(h) for h in args.head_dims.split(",")}
         shapes = tuple(s for s in shapes if s.head_dim in keep)
+    if args.masks:
+        labels = set(args.masks.split(","))
+        shapes = tuple(s for s in shapes if s.mask in labels)
     start = time.perf_counter()
     for s in shapes:
         if args.time_budget and time.perf_counter() - start > args.time_budget:
@@ -322,6 +328,7 @@ def _forward_args(args, name, run_id):
         ("--out", args.out),
         ("--commit", args.commit),
         ("--head-dims", args.head_dims),
+        ("--masks", args.masks),
     ):
         if value:
             fwd += [flag, value]

@@ -216,7 +216,11 @@ def _seg_ranges(own, other, block_own: int, block_other: int):
     oth_min, oth_max = _tile_min_max(other, block_other)  # [B, n_other]
     n_other = oth_min.shape[1]
     sorted_ = jnp.all(jnp.diff(other, axis=1) >= 0, axis=1)[:, None]  # [B, 1]
-    search = jax.vmap(jnp.searchsorted, in_axes=(0, 0, None))
+    # method="sort": one sort kernel. The default binary search is a while loop, which
+    # on a GPU costs a device-to-host sync per step, in every forward and backward call.
+    search = jax.vmap(
+        lambda a, v, side: jnp.searchsorted(a, v, side=side, method="sort"), in_axes=(0, 0, None)
+    )
     lo = search(oth_max, own_min, "left")  # first tile whose ids reach own_min
     hi = search(oth_min, own_max, "right")  # tiles starting at or below own_max
     single = own_min == own_max

@@ -72,8 +72,12 @@ def test_masking_suites_tiny_run(tmp_path, suite):
     assert bench.main(["--suite", suite, "--tiny", "--out", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     ours = [r for r in rows if r["impl"] == "pallas_flash:triton"]
-    assert ours and not any(r["error"] for r in ours)
+    # A compiled tiny shape can run faster than the timer resolves: its backward row
+    # (fwd+bwd minus fwd) is then recorded as below noise. Any other error fails.
+    noise = "below timing noise"
+    assert ours and not any(r["error"] and not r["error"].startswith(noise) for r in ours)
     assert all(r["check_err"] < 1e-2 for r in ours)
+    assert all(r["ms"] > 0 for r in ours if r["pass"] == "fwd")
 
 
 def test_flops_convention():
