@@ -103,3 +103,43 @@ def test_hbm_parses_ncu_csv_and_counts_compulsory_bytes():
     assert totals == {"dram__bytes_read.sum": 3000.0, "dram__bytes_write.sum": 750.0, "kernels": 2}
     # ANCHORS.md: 1.61 GB at the paper's shape in fp16
     assert round(hbm.compulsory_bytes(**hbm.SHAPE) / 1e9, 2) == 1.61
+
+
+def _row(suite, mask, p, ms, causal=False, head_dim=128):
+    return dict(
+        suite=suite,
+        impl="pallas_flash:triton",
+        mask=mask,
+        pass_=p,
+        causal=causal,
+        head_dim=head_dim,
+        batch=2,
+        seq_q=8192,
+        heads=16,
+        ms=ms,
+        error=None,
+    ) | {"pass": p}
+
+
+def test_masks_sparse_and_hbm_tables():
+    rows = [_row("masks", "none", p, 10.0) for p in render.PASSES]
+    rows += [_row("masks", "segments:1", p, 10.5) for p in render.PASSES]
+    assert "| segments:1 | 1.05x | 1.05x | 1.05x |" in render.masks_table(rows)
+    rows = [_row("sparse", "none", "fwd+bwd", 20.0)]
+    rows += [_row("sparse", f"sparse:{d}", "fwd+bwd", 22.0 * float(d)) for d in render.DENSITIES]
+    assert "| 128 | 20.00 | 1.10x | 1.10x | 1.10x | 1.10x |" in render.sparse_table(rows)
+    hbm = dict(
+        impl="pallas_flash:triton",
+        batch=64,
+        seq=1024,
+        heads=16,
+        head_dim=64,
+        dtype="float16",
+        compulsory_bytes=1.61e9,
+        read_bytes=1.5e9,
+        write_bytes=0.5e9,
+        total_bytes=2.0e9,
+        over_compulsory=2.0 / 1.61,
+        error=None,
+    )
+    assert "| pallas_flash:triton | 1.50 | 0.50 | 2.00 | 1.24x |" in render.hbm_table([hbm])
