@@ -24,9 +24,13 @@ from jaxtyping import Array, Bool, Float, Int
 
 from pallas_flash import configs, dropout, masks, reference, sparsity, vjp
 from pallas_flash.logits import Logits
+from pallas_flash.mosaic import forward as mosaic_forward
 from pallas_flash.sparsity import BlockSparse
 
-IMPLEMENTATIONS = ("triton", "xla_blockwise", "xla")
+IMPLEMENTATIONS = ("mosaic", "triton", "xla_blockwise", "xla")
+# What implementation=None tries, in order. "mosaic" (Hopper) joins the GPU order once
+# its compiled tests pass on the H200 and it is measured faster there.
+AUTO_GPU = ("triton", "xla_blockwise", "xla")
 _FLOAT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
 MAX_HEAD_DIM = 256
 
@@ -145,6 +149,8 @@ def flash_attention(
         return_residual,
     )
     dropout_rate = _validate_dropout(dropout_rate, dropout_rng)
+    call.update(dtype=query.dtype, head_dim=query.shape[-1], dropout=dropout_rate > 0)
+    call.update(bias=bias is not None, mask=mask is not None)
     call["softcap"] = _validate_softcap(logits_soft_cap)
     call["sparse"] = _validate_sparse(block_sparse, query.shape, key.shape)
     if call["sparse"] is not None:
@@ -180,7 +186,10 @@ def flash_attention(
     else:
         B, T, _, H = query.shape
         S = key.shape[1]
-        if backend == "triton":
+        if backend == "mosaic":  # Mosaic GPU forward; the Triton backward, for now
+            fwd = config or configs.default_mosaic_config(H)
+            bwd = backward_config or configs.default_triton_bwd_config(H, query.dtype)
+        elif backend == "triton":
             fwd = config or configs.default_triton_config(H, query.dtype)
             bwd = backward_config or configs.default_triton_bwd_config(H, query.dtype)
             if call["sparse"] is not None:
@@ -195,7 +204,7 @@ def flash_attention(
             scale=call["scale"],
             fwd_config=fwd,
             bwd_config=bwd,
-            interpret=backend == "triton" and jax.default_backend() != "gpu",
+            interpret=backend in ("triton", "mosaic") and jax.default_backend() != "gpu",
             logits=Logits(
                 bias_dims=_full_dims(bias, (B, query.shape[2], T, S)),
                 mask_dims=_full_dims(mask, (B, query.shape[2], T, S)),
@@ -476,6 +485,21 @@ def _unsupported(backend: str, call) -> str | None:
         ]
         if lacks:
             return f"{', '.join(lacks)} not supported by 'xla_blockwise' (use 'triton' or 'xla')"
+    if backend == "mosaic":
+        if jax.default_backend() == "gpu":  # off GPU: Pallas's GPU interpret mode
+            reason = mosaic_forward.device_unsupported()
+            if reason is not None:
+                return reason
+        return mosaic_forward.unsupported(
+            call["dtype"],
+            call["head_dim"],
+            call["spec"],
+            segments=call["segment_ids"] is not None,
+            dropout=call["dropout"],
+            bias=call["bias"],
+            mask=call["mask"],
+            softcap=call["softcap"] is not None,
+        )
     if backend == "triton":
         platform = jax.default_backend()
         if platform == "gpu":
@@ -495,7 +519,7 @@ def _choose_backend(call, implementation) -> str:
             raise NotImplementedError(reason)
         return implementation
     # On CPU the Triton path would run interpreted (slow): prefer the blockwise scan.
-    order = IMPLEMENTATIONS if jax.default_backend() == "gpu" else ("xla_blockwise", "xla")
+    order = AUTO_GPU if jax.default_backend() == "gpu" else ("xla_blockwise", "xla")
     for backend in order:
         if _unsupported(backend, call) is None:
             return backend
@@ -504,6 +528,7 @@ def _choose_backend(call, implementation) -> str:
 
 def _check_configs(backend, config, backward_config):
     want = {
+        "mosaic": (configs.MosaicConfig, configs.TritonBwdConfig),
         "triton": (configs.TritonConfig, configs.TritonBwdConfig),
         "xla_blockwise": (configs.BlockwiseConfig, configs.BlockwiseConfig),
         "xla": (type(None), type(None)),

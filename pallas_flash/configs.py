@@ -26,6 +26,10 @@ import dataclasses
 
 import numpy as np
 
+# The Mosaic GPU (Hopper) family's config lives beside its kernel; re-exported here.
+from pallas_flash.mosaic.config import MosaicConfig as MosaicConfig  # noqa: E402
+from pallas_flash.mosaic.config import default_mosaic_config as default_mosaic_config  # noqa: E402
+
 
 def _check_block(name: str, value: int) -> None:
     if value < 16 or value & (value - 1):

@@ -19,6 +19,7 @@ from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from pallas_flash import blockwise, masks
 from pallas_flash.logits import Logits
+from pallas_flash.mosaic import forward as mosaic_forward
 from pallas_flash.triton import backward as triton_backward
 from pallas_flash.triton import forward as triton_forward
 
@@ -27,7 +28,7 @@ from pallas_flash.triton import forward as triton_forward
 class Plan:
     """Everything static about one call: backend, mask, scale and tile configs."""
 
-    backend: str  # "triton" or "xla_blockwise"
+    backend: str  # "mosaic", "triton" or "xla_blockwise"
     spec: masks.MaskSpec
     scale: float
     fwd_config: Any
@@ -44,6 +45,9 @@ def _kernels(plan: Plan, bias_grad: bool = False):
     if plan.backend == "triton":
         fwd, bwd = triton_forward.forward, triton_backward.backward
         common.update(interpret=plan.interpret)
+    elif plan.backend == "mosaic":  # a Mosaic GPU backward is still to come
+        fwd, bwd = mosaic_forward.forward, triton_backward.backward
+        common.update(interpret=plan.interpret)
     elif plan.backend == "xla_blockwise":
         fwd, bwd = blockwise.forward, blockwise.backward
     else:
@@ -52,6 +56,12 @@ def _kernels(plan: Plan, bias_grad: bool = False):
         functools.partial(fwd, config=plan.fwd_config, **common),
         functools.partial(bwd, config=plan.bwd_config, **common),
     )
+
+
+def kernels(plan: Plan):
+    """The plan's (forward, backward) functions, for callers that write their own VJP
+    around them (ring.py merges per-shard results and reuses the backward kernels)."""
+    return _kernels(plan)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -1,0 +1,440 @@
+"""FlashAttention forward pass for Hopper (sm_90) in Mosaic GPU Pallas, FlashAttention-3 style.
+
+The loop is FlashAttention-2's (Dao, 2023, Sec. 3.1): a query tile stays on chip while
+the key/value tiles stream past it, with the running row maximum `m_i`, row sum `l_i`
+and unnormalised output `acc` in float32 registers. The schedule is FlashAttention-3's
+(Shah et al., 2024, Sec. 3.1, producer-consumer asynchrony):
+
+* Warp specialisation. A CTA has three warpgroups. The producer (warpgroup 2) only
+  issues TMA copies of K and V tiles into a ring of `num_stages` shared-memory slots.
+  The two consumers (warpgroups 0 and 1) each own `block_q` query rows, whose Q tile
+  stays in shared memory, and run Q K^T and P V as wgmma. Per slot and tensor, a
+  "ready" barrier (completed by the TMA's byte count) says the tile has landed, and a
+  "free" barrier (one arrival per consumer) says the producer may overwrite it.
+* Ping-pong scheduling. A barrier between the two consumers makes them take turns at
+  the tensor cores, so that one's softmax overlaps the other's matmuls.
+
+Scores go to base 2 with log2(e) folded into the softmax scale: exp(x) = exp2(x log2 e),
+so each probability costs one FMA and one exp2, and `m_i` is kept in base-2 units.
+The kernel returns O and the logsumexp in natural-log units (float32), -inf on rows
+that see no key, the contract of triton/forward.py, so the Triton backward can use it.
+
+Masking. Both consumers of a CTA walk the same key/value tiles: those that
+`masks.kv_tile_range` gives for the CTA's 2 * block_q rows. Skipped tiles (above the
+causal diagonal, outside a local window, past kv_len) are never loaded; tiles every row
+sees in full run unmasked; boundary tiles apply `masks.tile_mask`. Walking the CTA's
+range rather than each warpgroup's own costs at most one extra masked tile per
+warpgroup on the causal diagonal and keeps the barrier protocol simple: every consumer
+arrives exactly once on every free barrier phase and the ping-pong barrier alternates.
+
+Lengths. The wrapper pads T to whole CTAs and S to whole key tiles with zeros (and the
+head dim to a multiple of 64); padded keys are masked through kv_len, padded query rows
+are cut from the result.
+
+GPU interpret mode (CPU) runs this same kernel, with its barriers, TMA copies and
+wgmma simulated, except for one step: the interpreter's wgmma reads both operands from
+shared memory and cannot accumulate in place (`pl.run_state` over an accumulator does
+not lower on CPU: "MLIR translation rule for primitive 'wgmma' not found for platform
+cpu"), so there P is staged through shared memory and P V lands in a fresh accumulator
+that is added to `acc` (`MosaicConfig.p_in_registers=False`, which a GPU can run too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_flash import masks
+from pallas_flash.logits import LOG2E, Logits
+from pallas_flash.mosaic.config import NUM_CONSUMERS, SMEM_BYTES, MosaicConfig, padded_head_dim
+
+LN2 = math.log(2.0)
+_PRODUCER = NUM_CONSUMERS  # the producer is the last warpgroup
+# Registers per thread: the producer only issues copies; the consumers hold acc and S.
+# 128 * 40 + 256 * 232 <= 65536, the register file of one SM.
+_PRODUCER_REGISTERS = 40
+_CONSUMER_REGISTERS = 232
+_SWIZZLE = 128  # bytes: the widest shared-memory swizzle, for conflict-free wgmma reads
+_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def unsupported(
+    dtype,
+    head_dim: int,
+    spec: masks.MaskSpec,
+    *,
+    segments: bool = False,
+    dropout: bool = False,
+    bias: bool = False,
+    mask: bool = False,
+    softcap: bool = False,
+) -> str | None:
+    """Why this kernel cannot serve a call with these static facts, or None if it can."""
+    if jnp.dtype(dtype) not in _DTYPES:
+        return f"the Mosaic kernel takes bfloat16 or float16, not {jnp.dtype(dtype)}"
+    if head_dim > 256:
+        return f"the Mosaic kernel takes head dims up to 256, not {head_dim}"
+    lacks = [
+        name
+        for name, present in (
+            ("segment_ids", segments or spec.segments),
+            ("dropout", dropout),
+            ("bias", bias),
+            ("mask", mask),
+            ("logits_soft_cap", softcap),
+            ("block_sparse", spec.block_sparse),
+        )
+        if present
+    ]
+    if lacks:
+        return f"{', '.join(lacks)} not supported by the Mosaic kernel yet"
+    return None
+
+
+def device_unsupported() -> str | None:
+    """Why the compiled kernel cannot run on this machine's first device, or None."""
+    if jax.default_backend() != "gpu":
+        return f"the Mosaic kernel needs a Hopper GPU, not {jax.default_backend()}"
+    cc = getattr(jax.devices()[0], "compute_capability", None)
+    if cc != "9.0":
+        return f"the Mosaic kernel uses wgmma, which needs compute capability 9.0, not {cc}"
+    return None
+
+
+def _online_softmax(s, m_i, l_i, c: float, keep):
+    """One online-softmax step on raw scores `s` [block_q, block_kv] (float32).
+
+    `c` is scale * log2(e); `keep` is the element mask or None. Returns the
+    probabilities p (base 2, not normalised), the new m_i and l_i, and alpha, which
+    rescales what was accumulated so far.
+    """
+
+    def rows(x):  # [block_q] -> [block_q, block_kv]
+        return lax.broadcast_in_dim(x, s.shape, [0])
+
+    if c <= 0:  # max does not commute with a non-positive scale: scale first
+        s, c = s * c, 1.0
+    if keep is not None:
+        s = jnp.where(keep, s, -jnp.inf)
+    # With c > 0, max(s) * c = max(s * c), and s * c - m below is one FMA per element.
+    m_new = jnp.maximum(m_i, jnp.max(s, axis=1) * c)
+    m_use = m_new
+    if keep is not None:
+        # A row that has seen only masked keys has max -inf; subtracting it would give
+        # exp2(-inf + inf) = NaN. Use 0 instead: its p and alpha are then 0.
+        m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+    alpha = jnp.exp2(m_i - m_use)
+    p = jnp.exp2((s if c == 1.0 else s * c) - rows(m_use))  # [block_q, block_kv]
+    l_i = l_i * alpha + jnp.sum(p, axis=1)
+    return p, m_new, l_i, alpha
+
+
+def _kernel(
+    q_len_ref,
+    kv_len_ref,
+    ranges_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    lse_ref,
+    *,
+    qo_smem,
+    k_smem,
+    v_smem,
+    p_smem,
+    lse_smem,
+    q_ready,
+    k_ready,
+    v_ready,
+    k_free,
+    v_free,
+    turns,
+    spec: masks.MaskSpec,
+    scale: float,
+    config: MosaicConfig,
+    num_q_tiles: int,
+    group: int,
+):
+    block_q, block_kv, stages = config.block_q, config.block_kv, config.num_stages
+    head_dim = qo_smem.shape[-1]
+    dtype = qo_smem.dtype
+    b = lax.axis_index("batch")
+    h = lax.axis_index("heads")
+    tile = lax.axis_index("q_tiles")
+    if spec.causal:
+        # Causal tiles near the bottom do the most work: launch them first so the
+        # last wave of CTAs is short ones.
+        tile = num_q_tiles - 1 - tile
+    wg = lax.axis_index("wg")
+    lo, full_lo, full_hi, hi = (ranges_ref[b, tile, c] for c in range(4))
+
+    def slot_of(j):  # key tile j lives in ring slot (j - lo) % stages
+        return lax.rem(j - lo, jnp.int32(stages))
+
+    @pl.when(wg == _PRODUCER)
+    def _producer():
+        plgpu.set_max_registers(_PRODUCER_REGISTERS, action="decrease")
+        kv_head = lax.div(h, jnp.int32(group))
+
+        def load(j, _):
+            slot = slot_of(j)
+            rows = pl.ds(j * block_kv, block_kv)
+            # The slot held tile j - stages: overwrite it once both consumers are done.
+            reuse = j - lo >= stages
+
+            @pl.when(reuse)
+            def _():
+                plgpu.barrier_wait(k_free.at[slot])
+
+            plgpu.copy_gmem_to_smem(k_ref.at[b, rows, kv_head], k_smem.at[slot], k_ready.at[slot])
+
+            @pl.when(reuse)
+            def _():
+                plgpu.barrier_wait(v_free.at[slot])
+
+            plgpu.copy_gmem_to_smem(v_ref.at[b, rows, kv_head], v_smem.at[slot], v_ready.at[slot])
+
+        lax.fori_loop(lo, hi, load, None)
+
+        def drain(j, _):
+            slot = slot_of(j)
+            plgpu.barrier_wait(k_free.at[slot])
+            plgpu.barrier_wait(v_free.at[slot])
+
+        # Wait for the consumers to release the last tiles too: the shared memory must
+        # not be released under them, and a barrier should end with every phase seen
+        # (GPU interpret mode checks this at deallocation).
+        lax.fori_loop(jnp.maximum(lo, hi - stages), hi, drain, None)
+
+    @pl.when(wg < _PRODUCER)
+    def _consumer():
+        plgpu.set_max_registers(_CONSUMER_REGISTERS, action="increase")
+        q0 = (tile * NUM_CONSUMERS + wg) * block_q
+        q_smem = qo_smem.at[wg]
+        plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q0, block_q), h], q_smem, q_ready.at[wg])
+        q_len = q_len_ref[b]
+        kv_len = kv_len_ref[b]
+        diag = masks.offset(spec, q_len, kv_len)
+        c = scale * LOG2E  # base-2 scores: log2(e) folded into the scale
+
+        def take_turn():  # meet the other consumer (the ping-pong barrier alternates)
+            if turns is not None:
+                plgpu.barrier_arrive(turns)
+                plgpu.barrier_wait(turns)
+
+        def body(j, carry, *, masked: bool):
+            acc, m_i, l_i = carry
+            slot = slot_of(j)
+            plgpu.barrier_wait(k_ready.at[slot])
+
+            def qk(s_ref):
+                plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
+                take_turn()  # ours are issued: the other consumer may issue its own
+                return s_ref[...]  # waits for this wgmma
+
+            s = pl.run_scoped(qk, plgpu.ACC((block_q, block_kv), jnp.float32))  # q @ k.T
+            plgpu.barrier_arrive(k_free.at[slot])
+            keep = None
+            if masked:  # the structural masks cut this tile (full tiles skip this work)
+                rows = q0 + plgpu.broadcasted_iota(
+                    jnp.int32, s.shape, 0, layout=plgpu.Layout.WGMMA
+                )  # [block_q, block_kv]
+                cols = j * block_kv + plgpu.broadcasted_iota(
+                    jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA
+                )  # [block_q, block_kv]
+                keep = masks.tile_mask(spec, rows, cols, kv_len, diag)
+            p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, c, keep)  # p: [block_q, block_kv]
+            if turns is not None:
+                plgpu.barrier_arrive(turns)  # softmax done: the other may start its own
+            plgpu.barrier_wait(v_ready.at[slot])
+            if turns is not None:
+                plgpu.barrier_wait(turns)  # our turn: P V, then the next Q K^T
+            acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])  # [block_q, head_dim]
+            p = p.astype(dtype)
+            if config.p_in_registers:
+
+                def pv(acc_ref):
+                    plgpu.wgmma(acc_ref, p, v_smem.at[slot])
+
+                # run_state awaits the wgmma before returning the accumulator.
+                acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+            else:
+                p_ref = p_smem.at[wg]
+                p_ref[...] = p
+                plgpu.commit_smem()  # make the stores visible to the wgmma's async reads
+
+                def pv(acc_ref):
+                    plgpu.wgmma(acc_ref, p_ref, v_smem.at[slot])
+                    return acc_ref[...]
+
+                acc = acc + pl.run_scoped(pv, plgpu.ACC((block_q, head_dim), jnp.float32))
+            plgpu.barrier_arrive(v_free.at[slot])
+            return acc, m_i, l_i
+
+        row_layout = plgpu.Layout.WGMMA.reduce(1)
+        carry = (
+            plgpu.layout_cast(jnp.zeros((block_q, head_dim), jnp.float32), plgpu.Layout.WGMMA),
+            plgpu.layout_cast(jnp.full((block_q,), -jnp.inf, jnp.float32), row_layout),
+            plgpu.layout_cast(jnp.zeros((block_q,), jnp.float32), row_layout),
+        )
+        plgpu.barrier_wait(q_ready.at[wg])
+        # Consumer 1 takes one turn ahead and consumer 0 one after the loop, so that one
+        # issues its P V and next Q K^T while the other computes its softmax (FA3's
+        # ping-pong); both take the same number of turns, so neither waits forever.
+        pl.when(wg == 1)(take_turn)
+        carry = lax.fori_loop(lo, full_lo, functools.partial(body, masked=True), carry)
+        carry = lax.fori_loop(full_lo, full_hi, functools.partial(body, masked=False), carry)
+        acc, m_i, l_i = lax.fori_loop(full_hi, hi, functools.partial(body, masked=True), carry)
+        pl.when(wg == 0)(take_turn)
+
+        # Rows past q_len are padding, and a fully masked row has l_i == 0: both output
+        # 0 with logsumexp -inf, never 0/0.
+        rows = q0 + plgpu.broadcasted_iota(jnp.int32, (block_q,), 0, layout=row_layout)
+        l_i = jnp.where(rows < q_len, l_i, 0.0)
+        empty = l_i == 0.0
+        l_safe = jnp.where(empty, 1.0, l_i)
+        inv = jnp.where(empty, 0.0, 1.0 / l_safe)
+        lse_smem.at[wg][...] = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(l_safe)) * LN2)
+        q_smem[...] = (acc * lax.broadcast_in_dim(inv, acc.shape, [0])).astype(dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(q_smem, o_ref.at[b, pl.ds(q0, block_q), h])
+        plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(q0, block_q)])
+        plgpu.wait_smem_to_gmem(0)
+
+
+def _tile_ranges(spec, q_len, kv_len, num_tiles: int, rows: int, block_kv: int):
+    """[B, num_tiles, 4] int32: each CTA's key-tile interval (lo, full_lo, full_hi, hi)."""
+    starts = jnp.arange(num_tiles, dtype=jnp.int32) * rows
+
+    def per_batch(ql, kl):
+        diag = masks.offset(spec, ql, kl)
+        return jax.vmap(
+            lambda q0: jnp.stack(masks.kv_tile_range(spec, q0, rows, block_kv, ql, kl, diag))
+        )(starts)
+
+    return jax.vmap(per_batch)(q_len, kv_len).astype(jnp.int32)
+
+
+def _pad(x, seq: int, head_dim: int):
+    """Zero-pads [B, L, heads, H] to [B, seq, heads, head_dim] (no copy when whole)."""
+    _, length, _, h = x.shape
+    if (length, h) == (seq, head_dim):
+        return x
+    return jnp.pad(x, [(0, 0), (0, seq - length), (0, 0), (0, head_dim - h)])
+
+
+def forward(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_len: jax.Array,
+    kv_len: jax.Array,
+    segments: tuple[jax.Array, jax.Array] | None = None,
+    seeds: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    mask: jax.Array | None = None,
+    layout: jax.Array | None = None,
+    *,
+    spec: masks.MaskSpec,
+    scale: float,
+    config: MosaicConfig,
+    interpret: bool | plgpu.InterpretGPUParams = False,
+    dropout_rate: float = 0.0,
+    logits: Logits = Logits(),
+) -> tuple[jax.Array, jax.Array]:
+    """Returns O [B, T, N, H] in q's dtype and the logsumexp [B, N, T] float32 (natural
+    log, -inf on rows that see no key), as triton/forward.py's `forward`.
+
+    `q_len` / `kv_len` are int32 [B] valid lengths. `interpret`: True (or an
+    `InterpretGPUParams`) runs GPU interpret mode on CPU, with P staged through shared
+    memory. Raises NotImplementedError for what the kernel lacks (see `unsupported`)
+    and ValueError when the config does not fit in shared memory.
+    """
+    B, T, N, H = q.shape
+    _, S, K, _ = k.shape
+    reason = unsupported(
+        q.dtype,
+        H,
+        spec,
+        segments=segments is not None,
+        dropout=dropout_rate > 0 or seeds is not None,
+        bias=bias is not None,
+        mask=mask is not None,
+        softcap=logits.softcap is not None,
+    )
+    if reason is None and layout is not None:
+        reason = "block_sparse not supported by the Mosaic kernel yet"
+    if reason is not None:
+        raise NotImplementedError(reason)
+    if interpret is True:
+        interpret = plgpu.InterpretGPUParams()
+    if interpret is not False:  # the interpreter's wgmma reads P from shared memory only
+        config = dataclasses.replace(config, p_in_registers=False)
+    hp = padded_head_dim(H)
+    if config.smem_bytes(hp) > SMEM_BYTES:
+        raise ValueError(
+            f"{config} needs {config.smem_bytes(hp)} bytes of shared memory at head dim "
+            f"{hp}, more than the {SMEM_BYTES} of a Hopper SM: lower block_kv or num_stages"
+        )
+
+    rows = NUM_CONSUMERS * config.block_q  # query rows per CTA
+    t_pad = -(-T // rows) * rows
+    s_pad = -(-S // config.block_kv) * config.block_kv
+    num_q_tiles = t_pad // rows
+    q, k, v = _pad(q, t_pad, hp), _pad(k, s_pad, hp), _pad(v, s_pad, hp)
+    ranges = _tile_ranges(spec, q_len, kv_len, num_q_tiles, rows, config.block_kv)
+
+    transforms = (
+        plgpu.TilingTransform((8, _SWIZZLE // q.dtype.itemsize)),
+        plgpu.SwizzleTransform(_SWIZZLE),
+    )
+    stages = config.num_stages
+    scratch = dict(
+        qo_smem=plgpu.SMEM((NUM_CONSUMERS, config.block_q, hp), q.dtype, transforms=transforms),
+        k_smem=plgpu.SMEM((stages, config.block_kv, hp), q.dtype, transforms=transforms),
+        v_smem=plgpu.SMEM((stages, config.block_kv, hp), q.dtype, transforms=transforms),
+        p_smem=None
+        if config.p_in_registers
+        else plgpu.SMEM(
+            (NUM_CONSUMERS, config.block_q, config.block_kv), q.dtype, transforms=transforms
+        ),
+        lse_smem=plgpu.SMEM((NUM_CONSUMERS, config.block_q), jnp.float32),
+        q_ready=plgpu.Barrier(num_barriers=NUM_CONSUMERS),
+        k_ready=plgpu.Barrier(num_barriers=stages),
+        v_ready=plgpu.Barrier(num_barriers=stages),
+        k_free=plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
+        v_free=plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
+        turns=plgpu.Barrier(num_arrivals=NUM_CONSUMERS) if config.schedule_barrier else None,
+    )
+    kernel = functools.partial(
+        _kernel,
+        spec=spec,
+        scale=scale,
+        config=config,
+        num_q_tiles=num_q_tiles,
+        group=N // K,
+    )
+    o, lse = plgpu.kernel(
+        kernel,
+        out_type=(
+            jax.ShapeDtypeStruct((B, t_pad, N, hp), q.dtype),
+            jax.ShapeDtypeStruct((B, N, t_pad), jnp.float32),
+        ),
+        scratch_types=scratch,
+        grid=(N, num_q_tiles, B),
+        grid_names=("heads", "q_tiles", "batch"),
+        num_threads=NUM_CONSUMERS + 1,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        interpret=None if interpret is False else interpret,
+        kernel_name="pallas_flash_mosaic_fwd",
+    )(q_len.astype(jnp.int32), kv_len.astype(jnp.int32), ranges, q, k, v)
+    return o[:, :T, :, :H], lse[:, :, :T]

@@ -1,0 +1,393 @@
+"""The Mosaic GPU (Hopper) forward kernel against the float32 reference.
+
+On CPU the kernel runs in Mosaic GPU's interpret mode: the same warp-specialised
+kernel, with its producer/consumer barriers, TMA copies and wgmma simulated, except
+that P V takes P from shared memory (`MosaicConfig.p_in_registers=False`; the
+interpreter's wgmma cannot read registers). Tests marked `gpu` run the compiled kernel
+on the H200, P from registers and from shared memory, over more and larger shapes:
+`pytest -m gpu tests/test_mosaic.py` there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_flash import masks, reference
+from pallas_flash.configs import TritonBwdConfig
+from pallas_flash.logits import Logits
+from pallas_flash.mosaic import forward as mosaic_forward
+from pallas_flash.mosaic.config import MosaicConfig, default_mosaic_config
+from pallas_flash.triton import backward as triton_backward
+from tests.cases import CASES, Case, tolerance_check
+
+pytestmark = pytest.mark.mosaic  # the GPU run takes these in a step of their own
+
+BF16, F16 = jnp.bfloat16, jnp.float16
+# Small tiles, so that small shapes still cross several CTAs and pipeline stages.
+SMALL = MosaicConfig(block_q=64, block_kv=64, num_stages=2)
+
+
+def _spec(case: Case) -> masks.MaskSpec:
+    return masks.MaskSpec(
+        causal=case.causal, bottom_right=case.bottom_right, local_window=case.window
+    )
+
+
+def _lengths(case: Case):
+    lens = lambda x: None if x is None else jnp.asarray(x, jnp.int32)  # noqa: E731
+    return masks.lengths_or_full(
+        lens(case.q_lens), lens(case.kv_lens), case.batch, case.seq_q, case.seq_kv
+    )
+
+
+def _mosaic(case: Case, config: MosaicConfig | None, interpret, seed: int = 0, qkv=None):
+    q, k, v, _ = case.inputs(seed) if qkv is None else (*qkv, None)
+    q_len, kv_len = _lengths(case)
+    return mosaic_forward.forward(
+        q,
+        k,
+        v,
+        q_len,
+        kv_len,
+        spec=_spec(case),
+        scale=case.head_dim**-0.5,
+        config=config or default_mosaic_config(case.head_dim),
+        interpret=interpret,
+    )
+
+
+def _reference(case: Case, seed: int = 0, *, upcast: bool):
+    q, k, v, _ = case.inputs(seed)
+    q_len, kv_len = _lengths(case)
+    return reference.attention(
+        q,
+        k,
+        v,
+        scale=case.head_dim**-0.5,
+        mask_spec=_spec(case),
+        query_seq_lengths=q_len,
+        key_value_seq_lengths=kv_len,
+        upcast=upcast,
+    )
+
+
+def _compare(case: Case, config, interpret, seed: int = 0):
+    o, lse = _mosaic(case, config, interpret, seed)
+    ref = _reference(case, seed, upcast=True)
+    naive = _reference(case, seed, upcast=False)
+    for name, got, r, n in zip(("o", "lse"), (o, lse), ref, naive):
+        tolerance_check(f"mosaic {case.id} {name}", got, r, n, case.dtype)
+
+
+# Awkward shapes for interpret mode: lengths off the tiles, T != S both ways, GQA and
+# MQA, both causal alignments, windows, ragged and empty lengths, padded head dims.
+INTERPRET_CASES = [
+    Case(1, 130, 200, 4, 2, 64, BF16),
+    Case(1, 100, 257, 2, 1, 128, F16, causal=True, bottom_right=True, kv_lens=(150,)),
+    Case(2, 97, 40, 4, 2, 64, BF16, causal=True, bottom_right=True),  # rows 0..56 see no key
+    Case(2, 97, 97, 2, 1, 64, F16, q_lens=(0, 97), kv_lens=(97, 0)),  # empty batch elements
+    Case(2, 150, 90, 2, 2, 64, BF16, causal=True, q_lens=(150, 61), kv_lens=(33, 90)),
+    Case(1, 200, 200, 2, 2, 64, BF16, causal=True, window=(40, 3)),
+    Case(1, 1, 77, 2, 1, 64, F16),  # one query row
+    Case(1, 70, 70, 1, 1, 256, BF16),
+    Case(1, 33, 65, 2, 1, 80, F16, causal=True),  # head dim padded to 128
+]
+
+
+@pytest.mark.parametrize("case", INTERPRET_CASES, ids=lambda c: c.id)
+def test_interpret_matches_reference(case):
+    _compare(case, SMALL, interpret=True, seed=hash(case.id) % 1000)
+
+
+PIPELINES = [
+    MosaicConfig(block_q=64, block_kv=64, num_stages=1),  # the producer waits every tile
+    MosaicConfig(block_q=64, block_kv=64, num_stages=3),
+    MosaicConfig(block_q=64, block_kv=64, num_stages=2, schedule_barrier=False),
+    MosaicConfig(block_q=64, block_kv=128, num_stages=2),
+    MosaicConfig(block_q=128, block_kv=64, num_stages=2),
+]
+
+
+def _config_id(c: MosaicConfig) -> str:
+    extra = ("" if c.schedule_barrier else "-no-pingpong") + ("" if c.p_in_registers else "-p-smem")
+    return f"q{c.block_q}-kv{c.block_kv}-stages{c.num_stages}{extra}"
+
+
+@pytest.mark.parametrize("config", PIPELINES, ids=_config_id)
+def test_interpret_pipeline_configs(config):
+    _compare(Case(1, 200, 260, 2, 1, 64, F16, causal=True), config, interpret=True)
+
+
+def test_interpret_fully_masked_rows_are_zero_not_nan():
+    # Batch 0: bottom-right causal with q_len 30 > kv_len 24, so the diagonal starts at
+    # column -6 and rows 0..5 see no key; the last 10 rows are padding. Batch 1: no key.
+    case = Case(2, 40, 24, 2, 1, 64, BF16, causal=True, bottom_right=True)
+    case = dataclasses.replace(case, q_lens=(30, 40), kv_lens=(24, 0))
+    o, lse = (np.asarray(x, np.float32) for x in _mosaic(case, SMALL, interpret=True))
+    assert np.isfinite(o).all()
+    for b, rows in [(0, slice(0, 6)), (0, slice(30, 40)), (1, slice(0, 40))]:
+        assert (o[b, rows] == 0).all()
+        assert np.isneginf(lse[b, :, rows]).all()
+    assert np.isfinite(lse[0, :, 6:30]).all()
+
+
+def test_interpret_never_reads_skipped_tiles():
+    """Keys no query may see are never loaded: poisoning them changes nothing (a read
+    would show, as 0 * NaN = NaN in P V)."""
+    case = Case(1, 64, 256, 2, 2, 64, BF16, causal=True)
+    q, k, v, _ = case.inputs()
+    out = _mosaic(case, SMALL, interpret=True, qkv=(q, k, v))
+    # The CTA's 128 rows (64 real, 64 padding) reach keys 0..127: tiles 2 and 3 are skipped.
+    k_bad, v_bad = k.at[:, 128:].set(jnp.nan), v.at[:, 128:].set(jnp.nan)
+    chex.assert_trees_all_equal(out, _mosaic(case, SMALL, interpret=True, qkv=(q, k_bad, v_bad)))
+
+
+def test_interpret_finds_no_data_race():
+    """The interpreter's happens-before race detector over the shared buffers (Q/O, P,
+    the logsumexp and the K/V ring; its wgmma operand reads are not instrumented)."""
+    from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks  # no public accessor
+
+    params = plgpu.InterpretGPUParams(detect_races=True)
+    case = Case(1, 130, 300, 2, 1, 64, BF16, causal=True)
+    _compare(case, MosaicConfig(block_q=64, block_kv=64, num_stages=2), interpret=params)
+    assert not gpu_callbacks.get_races().races_found
+
+
+def test_triton_backward_takes_its_residuals():
+    """O and the logsumexp of the Mosaic forward feed the Triton backward as they are."""
+    case = Case(1, 70, 90, 2, 1, 64, BF16, causal=True, kv_lens=(80,))
+    q, k, v, do = case.inputs(1)
+    q_len, kv_len = _lengths(case)
+    spec, scale = _spec(case), case.head_dim**-0.5
+    o, lse = _mosaic(case, SMALL, interpret=True, qkv=(q, k, v))
+    grads = triton_backward.backward(
+        q,
+        k,
+        v,
+        o,
+        lse,
+        do,
+        None,
+        q_len,
+        kv_len,
+        spec=spec,
+        scale=scale,
+        config=TritonBwdConfig(),
+        interpret=True,
+        logits=Logits(),
+    )[:3]
+
+    def ref(upcast):
+        def f(q, k, v):
+            return reference.attention(
+                q,
+                k,
+                v,
+                scale=scale,
+                mask_spec=spec,
+                upcast=upcast,
+                query_seq_lengths=q_len,
+                key_value_seq_lengths=kv_len,
+            )[0]
+
+        args = (q, k, v) if not upcast else tuple(x.astype(jnp.float32) for x in (q, k, v))
+        out, vjp = jax.vjp(f, *args)
+        return vjp(do.astype(out.dtype))
+
+    for name, g, r, n in zip(("dq", "dk", "dv"), grads, ref(True), ref(False)):
+        tolerance_check(f"mosaic+triton {name}", g, r, n, case.dtype)
+
+
+@pytest.mark.parametrize(
+    "dtype,kwargs,match",
+    [
+        (jnp.float32, {}, "bfloat16 or float16"),
+        (BF16, {"segments": (jnp.zeros((1, 8), jnp.int32),) * 2}, "segment_ids"),
+        (BF16, {"bias": jnp.zeros((1, 1, 8, 8), BF16)}, "bias"),
+        (BF16, {"mask": jnp.ones((1, 1, 8, 8), jnp.int8)}, "mask"),
+        (BF16, {"seeds": jnp.zeros((2,), jnp.int32), "dropout_rate": 0.1}, "dropout"),
+        (BF16, {"logits": Logits(softcap=5.0)}, "logits_soft_cap"),
+    ],
+    ids=["float32", "segments", "bias", "mask", "dropout", "softcap"],
+)
+def test_unsupported_features_raise(dtype, kwargs, match):
+    q = jnp.ones((1, 8, 2, 64), dtype)
+    lens = jnp.full((1,), 8, jnp.int32)
+    with pytest.raises(NotImplementedError, match=match):
+        mosaic_forward.forward(
+            q,
+            q,
+            q,
+            lens,
+            lens,
+            spec=masks.MaskSpec(),
+            scale=1.0,
+            config=SMALL,
+            interpret=True,
+            **kwargs,
+        )
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="block_q"):
+        MosaicConfig(block_q=32)
+    with pytest.raises(ValueError, match="block_kv"):
+        MosaicConfig(block_kv=512)
+    with pytest.raises(ValueError, match="num_stages"):
+        MosaicConfig(num_stages=0)
+    q = jnp.ones((1, 8, 1, 256), BF16)
+    lens = jnp.full((1,), 8, jnp.int32)
+    too_big = MosaicConfig(block_kv=256, num_stages=2)
+    with pytest.raises(ValueError, match="shared memory"):
+        mosaic_forward.forward(
+            q, q, q, lens, lens, spec=masks.MaskSpec(), scale=1.0, config=too_big
+        )
+
+
+LOWERINGS = {
+    "h64-bf16": (64, BF16, masks.MaskSpec()),
+    "h64-f16-causal": (64, F16, masks.MaskSpec(causal=True)),
+    "h128-bf16-causal-br": (128, BF16, masks.MaskSpec(causal=True, bottom_right=True)),
+    "h128-f16-window": (128, F16, masks.MaskSpec(local_window=(100, 20))),
+    "h192-bf16-causal": (192, BF16, masks.MaskSpec(causal=True)),
+    "h256-f16-causal-br": (256, F16, masks.MaskSpec(causal=True, bottom_right=True)),
+    "h256-bf16": (256, BF16, masks.MaskSpec()),
+}
+
+
+@pytest.mark.parametrize("p_in_registers", [True, False], ids=["p-regs", "p-smem"])
+@pytest.mark.parametrize("head_dim,dtype,spec", LOWERINGS.values(), ids=LOWERINGS.keys())
+def test_compiled_kernel_lowers_for_hopper(head_dim, dtype, spec, p_in_registers):
+    """Lowering for CUDA runs on CPU: Pallas to the Mosaic GPU dialect, its layout
+    inference for sm_90, the lowering of that dialect and the shared-memory check. What
+    is left for the GPU: LLVM/PTX code generation, ptxas, and running it."""
+    config = dataclasses.replace(default_mosaic_config(head_dim), p_in_registers=p_in_registers)
+
+    def f(q, k, v, q_len, kv_len):
+        return mosaic_forward.forward(
+            q, k, v, q_len, kv_len, spec=spec, scale=0.1, config=config, interpret=False
+        )
+
+    q = jax.ShapeDtypeStruct((2, 300, 4, head_dim), dtype)
+    kv = jax.ShapeDtypeStruct((2, 257, 2, head_dim), dtype)
+    lens = jax.ShapeDtypeStruct((2,), jnp.int32)
+    lowered = jax.jit(f).trace(q, kv, kv, lens, lens).lower(lowering_platforms=("cuda",))
+    assert "mosaic_gpu" in lowered.as_text()
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
+def test_default_configs_fit_in_shared_memory(head_dim):
+    config = default_mosaic_config(head_dim)
+    assert config.smem_bytes(head_dim) <= 227 * 1024
+    assert dataclasses.replace(config, p_in_registers=False).smem_bytes(head_dim) <= 227 * 1024
+
+
+# --- compiled, on the H200 -------------------------------------------------------------
+
+# The shared table's cases this kernel serves (16-bit, no segments/dropout/bias/mask/cap),
+# plus head dims 64/128/256 at sizes that fill the pipeline.
+GPU_CASES = [
+    c
+    for c in CASES
+    if mosaic_forward.unsupported(
+        c.dtype,
+        c.head_dim,
+        _spec(c),
+        segments=c.segments is not None,
+        dropout=c.dropout > 0,
+        bias=c.bias is not None,
+        mask=c.mask,
+        softcap=c.softcap is not None,
+    )
+    is None
+] + [
+    Case(2, 1024, 1024, 8, 8, 64, BF16),
+    Case(2, 1024, 1024, 8, 2, 128, F16, causal=True),
+    Case(2, 1000, 1500, 4, 1, 256, BF16, causal=True, bottom_right=True),
+    Case(1, 2048, 2048, 4, 4, 128, BF16, causal=True, q_lens=(2000,), kv_lens=(1900,)),
+    Case(3, 777, 513, 4, 2, 256, F16, q_lens=(777, 400, 0), kv_lens=(513, 1, 300)),
+    Case(2, 4096, 4096, 2, 1, 64, F16, causal=True, window=(512, 0)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("p_in_registers", [True, False], ids=["p-regs", "p-smem"])
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_matches_reference(case, p_in_registers):
+    config = dataclasses.replace(
+        default_mosaic_config(case.head_dim), p_in_registers=p_in_registers
+    )
+    _compare(case, config, interpret=False, seed=hash(case.id) % 1000)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", PIPELINES, ids=_config_id)
+def test_gpu_pipeline_configs(config):
+    _compare(Case(2, 1000, 1100, 4, 2, 128, BF16, causal=True), config, interpret=False)
+
+
+@pytest.mark.gpu
+def test_gpu_is_bitwise_deterministic():
+    case = Case(2, 1024, 900, 4, 1, 128, BF16, causal=True, kv_lens=(900, 500))
+    chex.assert_trees_all_equal(_mosaic(case, None, False, 3), _mosaic(case, None, False, 3))
+
+
+@pytest.mark.gpu
+def test_gpu_never_reads_skipped_tiles():
+    case = Case(1, 128, 1024, 2, 2, 128, BF16, causal=True)
+    q, k, v, _ = case.inputs()
+    out = _mosaic(case, None, False, qkv=(q, k, v))
+    k_bad, v_bad = k.at[:, 128:].set(jnp.nan), v.at[:, 128:].set(jnp.nan)
+    chex.assert_trees_all_equal(out, _mosaic(case, None, False, qkv=(q, k_bad, v_bad)))
+
+
+def test_public_api_runs_mosaic_with_the_triton_backward():
+    """flash_attention(implementation="mosaic"): the Mosaic forward (interpreted on CPU)
+    and the Triton backward, through the one custom_vjp, against the reference."""
+    import pallas_flash
+
+    ks = jax.random.split(jax.random.PRNGKey(3), 4)
+    q = jax.random.normal(ks[0], (1, 80, 4, 64), BF16)
+    k, v = (jax.random.normal(kk, (1, 72, 2, 64), BF16) for kk in ks[1:3])
+    do = jax.random.normal(ks[3], q.shape, BF16)
+    lens = dict(key_value_seq_lengths=jnp.array([60]))
+
+    def run(impl, *xs, **kw):
+        f = lambda q, k, v: pallas_flash.flash_attention(  # noqa: E731
+            q, k, v, is_causal=True, implementation=impl, **lens, **kw
+        )
+        out, vjp = jax.vjp(f, *xs)
+        return (out, *vjp(do.astype(out.dtype)))
+
+    got = run("mosaic", q, k, v, config=SMALL)
+    ref = run("xla", *(x.astype(jnp.float32) for x in (q, k, v)))
+    naive = run("xla", q, k, v)
+    for name, g, r, n in zip(("o", "dq", "dk", "dv"), got, ref, naive):
+        tolerance_check(name, g, r, n, BF16)
+
+
+def test_dispatch_to_mosaic():
+    """ "mosaic" is only ever chosen by name (until it is measured on the H200), and a
+    call it cannot serve raises naming what it lacks."""
+    import pallas_flash
+
+    q = jnp.zeros((1, 64, 2, 64), jnp.float32)
+    with pytest.raises(NotImplementedError, match="bfloat16 or float16, not float32"):
+        pallas_flash.flash_attention(q, q, q, implementation="mosaic")
+    qb = q.astype(BF16)
+    with pytest.raises(NotImplementedError, match="segment_ids not supported by the Mosaic"):
+        pallas_flash.flash_attention(
+            qb, qb, qb, implementation="mosaic", segment_ids=jnp.zeros((1, 64), jnp.int32)
+        )
+    with pytest.raises(TypeError, match="config for implementation 'mosaic' must be MosaicConfig"):
+        pallas_flash.flash_attention(
+            qb, qb, qb, implementation="mosaic", config=pallas_flash.TritonConfig()
+        )
+    assert "mosaic" not in pallas_flash.api.AUTO_GPU
