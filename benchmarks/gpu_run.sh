@@ -17,11 +17,12 @@ for step in "$@"; do
              -p no:benchmark -rA -n 8 > "$OUT/gpu-tests.log" 2>&1; echo "pytest rc=$?"
            tail -3 "$OUT/gpu-tests.log" ;;
     # The Mosaic kernels apart, under their own timeout: a barrier bug hangs, not fails.
-    mosaic-smoke) timeout 240 python3 -m pytest -m gpu tests/test_mosaic.py -x -q \
-             -p no:cacheprovider -p no:benchmark -k "b2_t1024_s1024_n8k8_h64" \
+    mosaic-smoke) timeout 240 python3 -m pytest -m gpu tests/test_mosaic.py \
+             tests/test_mosaic_backward.py -x -q -p no:cacheprovider -p no:benchmark \
+             -k "b2_t1024_s1024_n8k8_h64 and (regs or p-regs)" \
              > "$OUT/mosaic-smoke.log" 2>&1; echo "pytest rc=$?"; tail -3 "$OUT/mosaic-smoke.log" ;;
     mosaic-tests) XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 500 python3 -m pytest -m gpu \
-             tests/test_mosaic.py -q -p no:cacheprovider -p no:benchmark -rA -n 4 \
+             tests/test_mosaic.py tests/test_mosaic_backward.py -q -p no:cacheprovider -p no:benchmark -rA -n 4 \
              > "$OUT/mosaic-tests.log" 2>&1; echo "pytest rc=$?"; tail -3 "$OUT/mosaic-tests.log" ;;
     memory-ours) timeout 200 python3 -m benchmarks.bench --suite memory --commit "$commit" \
              --run-id "$run_id" --impls pallas_flash:triton --out "$OUT/memory.jsonl" ;;

@@ -55,8 +55,10 @@ def flash_attention(
     block_sparse: BlockSparse | None = None,
     implementation: Literal["triton", "xla_blockwise", "xla"] | None = None,
     return_residual: bool = False,
-    config: configs.TritonConfig | configs.BlockwiseConfig | None = None,
-    backward_config: configs.TritonBwdConfig | configs.BlockwiseConfig | None = None,
+    config: configs.TritonConfig | configs.MosaicConfig | configs.BlockwiseConfig | None = None,
+    backward_config: (
+        configs.TritonBwdConfig | configs.MosaicBwdConfig | configs.BlockwiseConfig | None
+    ) = None,
 ):
     """Exact scaled dot-product attention with linear memory (FlashAttention).
 
@@ -119,8 +121,10 @@ def flash_attention(
       implementation: "triton", "xla_blockwise", "xla", or None for the best available.
       return_residual: also return the logsumexp, [B, T, N] float32 (differentiable).
       config: tile config of the forward pass (`TritonConfig` for "triton",
-        `BlockwiseConfig` for "xla_blockwise"); None picks the default table's row.
-      backward_config: tile config of the backward pass, likewise.
+        `MosaicConfig` for "mosaic", `BlockwiseConfig` for "xla_blockwise"); None picks
+        the default table's row.
+      backward_config: tile config of the backward pass, likewise (`TritonBwdConfig`,
+        `MosaicBwdConfig`, `BlockwiseConfig`).
 
     Returns:
       The output [B, T, N, H] in query's dtype, and with `return_residual` also the
@@ -186,9 +190,9 @@ def flash_attention(
     else:
         B, T, _, H = query.shape
         S = key.shape[1]
-        if backend == "mosaic":  # Mosaic GPU forward; the Triton backward, for now
+        if backend == "mosaic":
             fwd = config or configs.default_mosaic_config(H)
-            bwd = backward_config or configs.default_triton_bwd_config(H, query.dtype)
+            bwd = backward_config or configs.default_mosaic_bwd_config(H)
         elif backend == "triton":
             fwd = config or configs.default_triton_config(H, query.dtype)
             bwd = backward_config or configs.default_triton_bwd_config(H, query.dtype)
@@ -528,7 +532,7 @@ def _choose_backend(call, implementation) -> str:
 
 def _check_configs(backend, config, backward_config):
     want = {
-        "mosaic": (configs.MosaicConfig, configs.TritonBwdConfig),
+        "mosaic": (configs.MosaicConfig, configs.MosaicBwdConfig),
         "triton": (configs.TritonConfig, configs.TritonBwdConfig),
         "xla_blockwise": (configs.BlockwiseConfig, configs.BlockwiseConfig),
         "xla": (type(None), type(None)),

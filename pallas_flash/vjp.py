@@ -19,6 +19,7 @@ from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from pallas_flash import blockwise, masks
 from pallas_flash.logits import Logits
+from pallas_flash.mosaic import backward as mosaic_backward
 from pallas_flash.mosaic import forward as mosaic_forward
 from pallas_flash.triton import backward as triton_backward
 from pallas_flash.triton import forward as triton_forward
@@ -45,8 +46,8 @@ def _kernels(plan: Plan, bias_grad: bool = False):
     if plan.backend == "triton":
         fwd, bwd = triton_forward.forward, triton_backward.backward
         common.update(interpret=plan.interpret)
-    elif plan.backend == "mosaic":  # a Mosaic GPU backward is still to come
-        fwd, bwd = mosaic_forward.forward, triton_backward.backward
+    elif plan.backend == "mosaic":
+        fwd, bwd = mosaic_forward.forward, mosaic_backward.backward
         common.update(interpret=plan.interpret)
     elif plan.backend == "xla_blockwise":
         fwd, bwd = blockwise.forward, blockwise.backward

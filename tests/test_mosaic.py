@@ -348,9 +348,9 @@ def test_gpu_never_reads_skipped_tiles():
     chex.assert_trees_all_equal(out, _mosaic(case, None, False, qkv=(q, k_bad, v_bad)))
 
 
-def test_public_api_runs_mosaic_with_the_triton_backward():
-    """flash_attention(implementation="mosaic"): the Mosaic forward (interpreted on CPU)
-    and the Triton backward, through the one custom_vjp, against the reference."""
+def test_public_api_runs_the_mosaic_kernels():
+    """flash_attention(implementation="mosaic"): the Mosaic forward and backward
+    (interpreted on CPU), through the one custom_vjp, against the reference."""
     import pallas_flash
 
     ks = jax.random.split(jax.random.PRNGKey(3), 4)

@@ -1,4 +1,4 @@
-"""Tile and pipeline config of the Mosaic GPU (Hopper) forward kernel, with its evidence.
+"""Tile and pipeline configs of the Mosaic GPU (Hopper) kernels, with their evidence.
 
 Frozen (hashable), so it travels as a static argument, like configs.TritonConfig.
 
@@ -18,6 +18,29 @@ rows per warpgroup and two K/V stages and takes the first block_kv of 256, 128, 
 fits in Hopper's 227 KiB of shared memory (256 at head dim 64, 128 at 128, 64 at 256).
 At head dim 64 we start at 128 as well, which keeps the float32 score tile at 64
 registers per thread. The tile sweep on the H200 should replace this note with numbers.
+
+Backward default table (`MosaicBwdConfig`; one CTA has `consumers` compute warpgroups
+and a TMA producer; shared memory from `smem_bytes_*`, operands in registers):
+
+| head dim | dK/dV: key tiles, rows per Q tile, stages | dQ: query tiles, K/V tile keys, stages    |
+|----------|-------------------------------------------|-------------------------------------------|
+| 64       | 2 x 64, 64, 2: 67,640 bytes               | 2 x 64, 64, 2: 67,664 bytes               |
+| 128      | 2 x 64, 64, 2: 133,176 bytes              | 2 x 64, 64, 2: 133,200 bytes              |
+| 192      | 1 x 64 (dV / dK split), 64, 2: 149,568    | 1 x 64, 64, 2: 149,576 bytes              |
+| 256      | 1 x 64 (dV / dK split), 64, 2: 198,720    | 1 x 64, 64, 2: 198,728 bytes              |
+
+(Shared memory as Mosaic GPU's lowering reports it, operands in registers; staged
+through shared memory, each kernel adds warpgroups x 64 x 64 x 2 bytes.)
+
+Evidence: not measured (no GPU time yet); chosen by register and shared-memory
+arithmetic. A dK/dV warpgroup holds two float32 accumulators of block_kv x head dim
+(2 * 64 * 128 / 128 threads = 128 registers at head dim 128) plus S^T and dP^T
+(block_kv x block_q, 32 registers each at 64 x 64); at head dim 192 and 256 the two
+accumulators would need 192 and 256 registers, so there the two warpgroups share one
+key tile and split the work, one accumulating dV and the other dK (FA3 splits the head
+dim between warpgroups instead and trades P and dS through shared memory). dQ at head
+dim 256 keeps Q and dO of two warpgroups (128 KiB) plus a two-stage K/V ring (128 KiB)
+over the 227 KiB budget, hence one warpgroup there.
 """
 
 from __future__ import annotations
@@ -72,6 +95,73 @@ class MosaicConfig:
         return q_o + kv + p + lse + barriers + _MOSAIC_OVERHEAD
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MosaicBwdConfig:
+    """Backward kernels (mosaic/backward.py): dK/dV over key tiles, then dQ over query tiles.
+
+    dK/dV: one CTA per (key/value head, key span, batch); `consumers_dkv` warpgroups each
+    own `block_kv_dkv` keys (K, V resident in shared memory), or with `split_dkv` share
+    one key tile, warpgroup 0 accumulating dV and warpgroup 1 dK; a producer streams
+    the group's query heads' Q, dO, lse and D tiles of `block_q_dkv` rows through
+    `num_stages_dkv` slots.
+    dQ: one CTA per (query head, rows, batch); `consumers_dq` warpgroups each own
+    `block_q_dq` query rows; a producer streams K and V tiles of `block_kv_dq` keys
+    through `num_stages_dq` slots.
+    operands_in_registers: P^T, dS^T and dS enter their wgmma from registers, in place
+      on the accumulators (FA3's choice); False stages them through shared memory into
+      fresh accumulators, the only form GPU interpret mode can run.
+    """
+
+    block_q_dkv: int = 64
+    block_kv_dkv: int = 64
+    num_stages_dkv: int = 2
+    consumers_dkv: int = 2
+    split_dkv: bool = False
+    block_q_dq: int = 64
+    block_kv_dq: int = 64
+    num_stages_dq: int = 2
+    consumers_dq: int = 2
+    operands_in_registers: bool = True
+
+    def __post_init__(self):
+        for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
+            value = getattr(self, name)
+            if value % 64 or not 64 <= value <= 256:
+                raise ValueError(f"{name}={value} must be 64, 128, 192 or 256")
+        for name in ("num_stages_dkv", "num_stages_dq"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        for name in ("consumers_dkv", "consumers_dq"):
+            if getattr(self, name) not in (1, 2):
+                raise ValueError(f"{name}={getattr(self, name)} must be 1 or 2")
+        if self.split_dkv and self.consumers_dkv != 2:
+            raise ValueError(f"split_dkv needs consumers_dkv=2, not {self.consumers_dkv}")
+
+    @property
+    def key_tiles_dkv(self) -> int:
+        """Key tiles resident per dK/dV CTA (each of block_kv_dkv keys)."""
+        return 1 if self.split_dkv else self.consumers_dkv
+
+    def smem_bytes_dkv(self, head_dim: int, itemsize: int = 2) -> int:
+        """Shared memory of the dK/dV kernel at this (padded) head dim (an estimate,
+        compared with Mosaic GPU's own check by the CUDA lowering tests)."""
+        bq, bk, stages = self.block_q_dkv, self.block_kv_dkv, self.num_stages_dkv
+        kv = 2 * self.key_tiles_dkv * bk * head_dim * itemsize
+        ring = stages * (2 * bq * head_dim * itemsize + 2 * bq * 4)
+        staged = 0 if self.operands_in_registers else self.consumers_dkv * bk * bq * itemsize
+        barriers = 8 * (3 * stages + 2)
+        return kv + ring + staged + barriers + _MOSAIC_OVERHEAD
+
+    def smem_bytes_dq(self, head_dim: int, itemsize: int = 2) -> int:
+        """Shared memory of the dQ kernel at this (padded) head dim (an estimate)."""
+        bq, bk, c = self.block_q_dq, self.block_kv_dq, self.consumers_dq
+        q_do = c * (2 * bq * head_dim * itemsize + 2 * bq * 4)
+        ring = self.num_stages_dq * 2 * bk * head_dim * itemsize
+        staged = 0 if self.operands_in_registers else c * bq * bk * itemsize
+        barriers = 8 * (4 * self.num_stages_dq + c)
+        return q_do + ring + staged + barriers + _MOSAIC_OVERHEAD
+
+
 def padded_head_dim(head_dim: int) -> int:
     """wgmma tiles and the 128-byte swizzle want head dims in multiples of 64."""
     return -(-head_dim // 64) * 64
@@ -83,3 +173,10 @@ def default_mosaic_config(head_dim: int) -> MosaicConfig:
     if hp <= 128:
         return MosaicConfig(block_q=64, block_kv=128, num_stages=2)
     return MosaicConfig(block_q=64, block_kv=64, num_stages=2)
+
+
+def default_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
+    """The backward default table's row for this head dim (16-bit inputs only)."""
+    if padded_head_dim(head_dim) <= 128:
+        return MosaicBwdConfig()
+    return MosaicBwdConfig(split_dkv=True, consumers_dq=1)

@@ -1,0 +1,608 @@
+"""FlashAttention backward pass for Hopper (sm_90) in Mosaic GPU Pallas, FlashAttention-3 style.
+
+The math is FlashAttention-2's backward (Dao, 2023, Sec. 3.2, Algorithm 2): nothing of
+size T x S is stored; each tile pair recomputes S = Q K^T and P = exp(S - lse) from the
+saved logsumexp, then dV += P^T dO, dP = dO V^T, dS = P * (dP - D) with
+D = rowsum(dO * O), dK += dS^T Q and dQ += dS K (times the softmax scale). The schedule
+is FlashAttention-3's (Shah et al., 2024, Sec. 3.1 and Appendix B.1): a TMA producer
+warpgroup streams tiles through a ring of shared-memory slots ("ready" barriers
+completed by the copies' byte counts, "free" barriers by one arrival per consumer)
+while consumer warpgroups run every matmul as wgmma with float32 accumulators.
+
+FA3 accumulates dQ with atomic adds from the dK/dV kernel, whose order varies from run
+to run. Here, as in triton/backward.py, two kernels keep the result bitwise
+deterministic:
+
+* dK/dV (`_dkdv_kernel`): a CTA owns key/value tiles, resident in shared memory. The
+  producer streams, for each query head of the key/value head's GQA group and each query
+  tile the masks leave visible, the Q and dO tiles with their rows of lse and D. Each
+  consumer computes S^T = K Q^T and dP^T = V dO^T (keys on the rows, so that P^T and
+  dS^T come out of the accumulator already in the layout a register operand of the
+  next wgmma needs), then dV += P^T dO and dK += dS^T Q. The group's query heads are
+  summed inside the CTA: no atomics, no second reduction pass. Two consumers own a key
+  tile each; where the two accumulators of a tile would not fit in a warpgroup's
+  registers (head dim > 128), they share one tile instead, one accumulating dV and the
+  other dK (`MosaicBwdConfig.split_dkv`).
+* dQ (`_dq_kernel`): a CTA owns query tiles (one per consumer, as in the forward pass);
+  the producer streams the K and V tiles; each consumer computes S and dP, then
+  dQ += dS K.
+
+Scores are in base 2 (log2(e) folded into the scale) and the logsumexp arrives in base
+2 with +inf on rows that see no key (`logits.backward_stats`), so P = exp2(S c - lse2)
+is exactly 0 there and on padding rows, with no mask: their gradients are 0, never NaN.
+
+Masking. Tile ranges come from `masks.q_tile_range` (dK/dV, for the CTA's key span) and
+`masks.kv_tile_range` (dQ, for the CTA's rows): skipped tiles are never loaded, tiles
+seen in full run unmasked, boundary tiles apply `masks.tile_mask`. Lengths are padded
+to whole CTAs with zeros (padded keys masked through kv_len; padded rows carry lse2 =
++inf), the head dim to a multiple of 64; padding is cut from the result.
+
+GPU interpret mode (CPU) runs these kernels with their barriers, TMA copies and wgmma
+simulated, except that its wgmma takes both operands from shared memory and cannot
+accumulate in place (`pl.run_state` over an accumulator does not lower on CPU): there
+P^T, dS^T and dS are stored to a staging buffer and each product lands in a fresh
+accumulator that is added (`MosaicBwdConfig.operands_in_registers=False`, which a GPU
+can run too). Everything else is the same code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_flash import masks
+from pallas_flash.logits import LOG2E, Logits, backward_stats
+from pallas_flash.mosaic.config import SMEM_BYTES, MosaicBwdConfig, padded_head_dim
+from pallas_flash.mosaic.forward import _pad, unsupported
+
+# Registers per thread, as in the forward pass: 128 * 40 + 256 * 232 <= 65536.
+_PRODUCER_REGISTERS = 40
+_CONSUMER_REGISTERS = 232
+_SWIZZLE = 128  # bytes: the widest shared-memory swizzle, for conflict-free wgmma reads
+_ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per row of a wgmma accumulator
+_COL = plgpu.Layout.WGMMA.reduce(0)  # one value per column
+
+
+def _accumulate(terms, staging):
+    """[acc + a @ b for (acc, a, b) in terms]: `a` [M, K] in registers, `b` a [K, N]
+    shared-memory ref, float32 accumulators.
+
+    staging None: the products are issued back to back, in place on the accumulators,
+    and awaited together. Otherwise each `a` is stored to `staging` and its product
+    lands in a fresh accumulator that is added (GPU interpret mode, see module doc).
+    """
+    if staging is None:
+
+        def mma(acc_refs):
+            for acc_ref, (_, a, b) in zip(acc_refs, terms):
+                plgpu.wgmma(acc_ref, a, b)
+
+        # run_state awaits the wgmmas before returning the accumulators.
+        return list(pl.run_state(mma)(tuple(plgpu.ACC.init(acc) for acc, _, _ in terms)))
+    out = []
+    for acc, a, b in terms:
+        staging[...] = a
+        plgpu.commit_smem()  # make the stores visible to the wgmma's async reads
+
+        def mma(acc_ref, b=b):
+            plgpu.wgmma(acc_ref, staging, b)
+            return acc_ref[...]
+
+        # Reading the result awaits the wgmma, so `staging` is free again afterwards.
+        out.append(acc + pl.run_scoped(mma, plgpu.ACC(acc.shape, jnp.float32)))
+    return out
+
+
+def _products(pairs, shape):
+    """[a @ b for (a, b) in pairs], both shared-memory refs, into fresh float32
+    accumulators of `shape`, issued together and awaited once."""
+
+    def mma(*acc_refs):
+        for acc_ref, (a, b) in zip(acc_refs, pairs):
+            plgpu.wgmma(acc_ref, a, b)
+        return tuple(acc_ref[...] for acc_ref in acc_refs)
+
+    return pl.run_scoped(mma, *(plgpu.ACC(shape, jnp.float32) for _ in pairs))
+
+
+def _bcast(x, shape, dim: int):
+    """A vector laid along dimension `dim` of `shape`, repeated along the other one."""
+    return lax.broadcast_in_dim(x, shape, [dim])
+
+
+def _dkdv_kernel(
+    q_len_ref,
+    kv_len_ref,
+    ranges_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dk_ref,
+    dv_ref,
+    *,
+    k_smem,
+    v_smem,
+    q_smem,
+    do_smem,
+    lse_smem,
+    delta_smem,
+    staging_smem,
+    kv_ready,
+    q_ready,
+    do_ready,
+    free,
+    done,
+    spec: masks.MaskSpec,
+    scale: float,
+    config: MosaicBwdConfig,
+    group: int,
+):
+    bq, bk, stages = config.block_q_dkv, config.block_kv_dkv, config.num_stages_dkv
+    consumers, tiles = config.consumers_dkv, config.key_tiles_dkv
+    dtype = q_smem.dtype
+    b = lax.axis_index("batch")
+    kv_head = lax.axis_index("heads")
+    span = lax.axis_index("kv_tiles")
+    wg = lax.axis_index("wg")
+    lo, full_lo, full_hi, hi = (ranges_ref[b, span, c] for c in range(4))
+    n = hi - lo  # query tiles per query head of the group
+    k0 = span * tiles * bk  # first key of the CTA
+
+    def slot_of(g, i):  # the g-th head's query tile i is ring step g * n + i - lo
+        return lax.rem(g * n + i - lo, jnp.int32(stages))
+
+    @pl.when(wg == consumers)
+    def _producer():
+        plgpu.set_max_registers(_PRODUCER_REGISTERS, action="decrease")
+        for t in range(tiles):
+            keys = (b, pl.ds(k0 + t * bk, bk), kv_head)
+            plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[t], kv_ready)
+            plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[t], kv_ready)
+
+        def per_head(g, _):
+            h = kv_head * group + g
+
+            def load(i, _):
+                slot = slot_of(g, i)
+                rows = pl.ds(i * bq, bq)
+
+                # The slot held the tile `stages` steps back: overwrite it once every
+                # consumer is done with it.
+                @pl.when(g * n + i - lo >= stages)
+                def _():
+                    plgpu.barrier_wait(free.at[slot])
+
+                plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem.at[slot], q_ready.at[slot])
+                plgpu.copy_gmem_to_smem(lse_ref.at[b, h, rows], lse_smem.at[slot], q_ready.at[slot])
+                plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h], do_smem.at[slot], do_ready.at[slot])
+                plgpu.copy_gmem_to_smem(
+                    delta_ref.at[b, h, rows], delta_smem.at[slot], do_ready.at[slot]
+                )
+
+            lax.fori_loop(lo, hi, load, None)
+
+        lax.fori_loop(0, group, per_head, None)
+
+        def drain(step, _):
+            plgpu.barrier_wait(free.at[lax.rem(step, jnp.int32(stages))])
+
+        # Await the consumers' release of the last tiles too: the shared memory must
+        # not be released under them, and every phase of a barrier should be seen
+        # (GPU interpret mode checks this at deallocation).
+        steps = group * n
+        lax.fori_loop(jnp.maximum(0, steps - stages), steps, drain, None)
+
+    def consumer(w, does_dv: bool, does_dk: bool):
+        """Warpgroup `w` (static or traced) accumulates dV and/or dK of its key tile."""
+        plgpu.set_max_registers(_CONSUMER_REGISTERS, action="increase")
+        t = 0 if config.split_dkv else w
+        kw0 = k0 + t * bk  # the warpgroup's first key
+        k_tile, v_tile = k_smem.at[t], v_smem.at[t]
+        staging = None if staging_smem is None else staging_smem.at[w]
+        q_len = q_len_ref[b]
+        kv_len = kv_len_ref[b]
+        diag = masks.offset(spec, q_len, kv_len)
+        c = scale * LOG2E  # base-2 scores: log2(e) folded into the scale
+        shape = (bk, bq)  # S^T and its kin: keys on the rows, queries on the columns
+
+        def body(i, carry, *, g, masked: bool):
+            slot = slot_of(g, i)
+            q_tile, do_tile = q_smem.at[slot], do_smem.at[slot]
+            plgpu.barrier_wait(q_ready.at[slot])
+            plgpu.barrier_wait(do_ready.at[slot])  # every consumer sees every phase
+            pairs = [(k_tile, q_tile.transpose((1, 0)))]  # s^T = k @ q.T: [bk, bq]
+            if does_dk:
+                pairs.append((v_tile, do_tile.transpose((1, 0))))  # dp^T = v @ do.T: [bk, bq]
+            products = _products(pairs, shape)
+            lse2 = plgpu.load(lse_smem.at[slot], layout=_COL)  # [bq], base 2, +inf if empty
+            p_t = jnp.exp2(products[0] * c - _bcast(lse2, shape, 1))  # [bk, bq]
+            if masked:  # the structural masks cut this tile (full tiles skip this work)
+                rows = i * bq + plgpu.broadcasted_iota(
+                    jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA
+                )  # [bk, bq]: query positions
+                cols = kw0 + plgpu.broadcasted_iota(
+                    jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA
+                )  # [bk, bq]: key positions
+                keep = masks.tile_mask(spec, rows, cols, kv_len, diag)
+                p_t = jnp.where(keep, p_t, 0.0)
+            terms = []
+            if does_dv:
+                terms.append((carry[0], p_t.astype(dtype), do_tile))  # dv += p^T @ do: [bk, hp]
+            if does_dk:
+                delta = plgpu.load(delta_smem.at[slot], layout=_COL)  # [bq]
+                ds_t = p_t * (products[1] - _bcast(delta, shape, 1))  # [bk, bq]
+                terms.append((carry[-1], ds_t.astype(dtype), q_tile))  # dk += ds^T @ q: [bk, hp]
+            carry = tuple(_accumulate(terms, staging))
+            plgpu.barrier_arrive(free.at[slot])
+            return carry
+
+        def per_head(g, carry):
+            for start, stop, masked in (
+                (lo, full_lo, True),
+                (full_lo, full_hi, False),
+                (full_hi, hi, True),
+            ):
+                carry = lax.fori_loop(
+                    start, stop, functools.partial(body, g=g, masked=masked), carry
+                )
+            return carry
+
+        zeros = plgpu.layout_cast(
+            jnp.zeros((bk, k_tile.shape[-1]), jnp.float32), plgpu.Layout.WGMMA
+        )
+        plgpu.barrier_wait(kv_ready)
+        accs = lax.fori_loop(0, group, per_head, (zeros,) * (does_dv + does_dk))
+        if config.split_dkv:  # K and V are read by both warpgroups until both are done
+            plgpu.barrier_arrive(done)
+            plgpu.barrier_wait(done)
+        outs = []
+        if does_dv:
+            outs.append((v_tile, accs[0], dv_ref))
+        if does_dk:
+            outs.append((k_tile, accs[-1] * scale, dk_ref))  # dS was of the scaled scores
+        for tile, acc, ref in outs:
+            tile[...] = acc.astype(dtype)
+        plgpu.commit_smem()
+        for tile, _, ref in outs:
+            plgpu.copy_smem_to_gmem(tile, ref.at[b, pl.ds(kw0, bk), kv_head])
+        plgpu.wait_smem_to_gmem(0)
+
+    if config.split_dkv:
+        pl.when(wg == 0)(functools.partial(consumer, 0, True, False))
+        pl.when(wg == 1)(functools.partial(consumer, 1, False, True))
+    else:
+        pl.when(wg < consumers)(functools.partial(consumer, wg, True, True))
+
+
+def _dq_kernel(
+    q_len_ref,
+    kv_len_ref,
+    ranges_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dq_ref,
+    *,
+    q_smem,
+    do_smem,
+    lse_smem,
+    delta_smem,
+    k_smem,
+    v_smem,
+    staging_smem,
+    q_ready,
+    k_ready,
+    v_ready,
+    k_free,
+    v_free,
+    spec: masks.MaskSpec,
+    scale: float,
+    config: MosaicBwdConfig,
+    num_q_tiles: int,
+    group: int,
+):
+    bq, bk, stages = config.block_q_dq, config.block_kv_dq, config.num_stages_dq
+    consumers = config.consumers_dq
+    dtype = q_smem.dtype
+    b = lax.axis_index("batch")
+    h = lax.axis_index("heads")
+    tile = lax.axis_index("q_tiles")
+    if spec.causal:  # longest rows first, as in the forward pass
+        tile = num_q_tiles - 1 - tile
+    wg = lax.axis_index("wg")
+    lo, full_lo, full_hi, hi = (ranges_ref[b, tile, c] for c in range(4))
+
+    def slot_of(j):  # key tile j lives in ring slot (j - lo) % stages
+        return lax.rem(j - lo, jnp.int32(stages))
+
+    @pl.when(wg == consumers)
+    def _producer():
+        plgpu.set_max_registers(_PRODUCER_REGISTERS, action="decrease")
+        kv_head = lax.div(h, jnp.int32(group))
+
+        def load(j, _):
+            slot = slot_of(j)
+            keys = (b, pl.ds(j * bk, bk), kv_head)
+            reuse = j - lo >= stages
+
+            @pl.when(reuse)
+            def _():
+                plgpu.barrier_wait(k_free.at[slot])
+
+            plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[slot], k_ready.at[slot])
+
+            @pl.when(reuse)
+            def _():
+                plgpu.barrier_wait(v_free.at[slot])
+
+            plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[slot], v_ready.at[slot])
+
+        lax.fori_loop(lo, hi, load, None)
+
+        def drain(j, _):
+            plgpu.barrier_wait(k_free.at[slot_of(j)])
+            plgpu.barrier_wait(v_free.at[slot_of(j)])
+
+        lax.fori_loop(jnp.maximum(lo, hi - stages), hi, drain, None)
+
+    @pl.when(wg < consumers)
+    def _consumer():
+        plgpu.set_max_registers(_CONSUMER_REGISTERS, action="increase")
+        q0 = (tile * consumers + wg) * bq
+        rows_of = (b, pl.ds(q0, bq), h)
+        q_tile, do_tile = q_smem.at[wg], do_smem.at[wg]
+        plgpu.copy_gmem_to_smem(q_ref.at[rows_of], q_tile, q_ready.at[wg])
+        plgpu.copy_gmem_to_smem(do_ref.at[rows_of], do_tile, q_ready.at[wg])
+        plgpu.copy_gmem_to_smem(lse_ref.at[b, h, pl.ds(q0, bq)], lse_smem.at[wg], q_ready.at[wg])
+        plgpu.copy_gmem_to_smem(
+            delta_ref.at[b, h, pl.ds(q0, bq)], delta_smem.at[wg], q_ready.at[wg]
+        )
+        staging = None if staging_smem is None else staging_smem.at[wg]
+        q_len = q_len_ref[b]
+        kv_len = kv_len_ref[b]
+        diag = masks.offset(spec, q_len, kv_len)
+        c = scale * LOG2E
+        shape = (bq, bk)
+
+        def body(j, dq, *, masked: bool):
+            slot = slot_of(j)
+            k_tile, v_tile = k_smem.at[slot], v_smem.at[slot]
+            plgpu.barrier_wait(k_ready.at[slot])
+            plgpu.barrier_wait(v_ready.at[slot])
+            s, dp = _products(
+                [
+                    (q_tile, k_tile.transpose((1, 0))),  # s = q @ k.T: [bq, bk]
+                    (do_tile, v_tile.transpose((1, 0))),  # dp = do @ v.T: [bq, bk]
+                ],
+                shape,
+            )
+            plgpu.barrier_arrive(v_free.at[slot])
+            p = jnp.exp2(s * c - _bcast(lse2, shape, 0))  # [bq, bk]
+            if masked:
+                rows = q0 + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
+                cols = j * bk + plgpu.broadcasted_iota(
+                    jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA
+                )
+                p = jnp.where(masks.tile_mask(spec, rows, cols, kv_len, diag), p, 0.0)
+            ds = p * (dp - _bcast(delta, shape, 0))  # [bq, bk]
+            (dq,) = _accumulate([(dq, ds.astype(dtype), k_tile)], staging)  # dq += ds @ k
+            plgpu.barrier_arrive(k_free.at[slot])
+            return dq
+
+        plgpu.barrier_wait(q_ready.at[wg])
+        lse2 = plgpu.load(lse_smem.at[wg], layout=_ROW)  # [bq], base 2, +inf if empty
+        delta = plgpu.load(delta_smem.at[wg], layout=_ROW)  # [bq]
+        dq = plgpu.layout_cast(jnp.zeros((bq, q_tile.shape[-1]), jnp.float32), plgpu.Layout.WGMMA)
+        dq = lax.fori_loop(lo, full_lo, functools.partial(body, masked=True), dq)
+        dq = lax.fori_loop(full_lo, full_hi, functools.partial(body, masked=False), dq)
+        dq = lax.fori_loop(full_hi, hi, functools.partial(body, masked=True), dq)
+        q_tile[...] = (dq * scale).astype(dtype)  # dS was of the scaled scores
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(q_tile, dq_ref.at[rows_of])
+        plgpu.wait_smem_to_gmem(0)
+
+
+def _ranges(fn, spec, q_len, kv_len, num_tiles: int, block_q: int, block_kv: int, span: int):
+    """[B, num_tiles, 4] int32: `fn` (masks.kv_tile_range / q_tile_range) per CTA, whose
+    own tiles start every `span` rows / keys."""
+    starts = jnp.arange(num_tiles, dtype=jnp.int32) * span
+
+    def per_batch(ql, kl):
+        diag = masks.offset(spec, ql, kl)
+        return jax.vmap(lambda x0: jnp.stack(fn(spec, x0, block_q, block_kv, ql, kl, diag)))(starts)
+
+    return jax.vmap(per_batch)(q_len, kv_len).astype(jnp.int32)
+
+
+def _check_fits(config: MosaicBwdConfig, hp: int):
+    """ValueError unless both kernels fit in shared memory and their accumulators in
+    registers at this (padded) head dim."""
+    for kernel, need in (
+        ("dK/dV", config.smem_bytes_dkv(hp)),
+        ("dQ", config.smem_bytes_dq(hp)),
+    ):
+        if need > SMEM_BYTES:
+            raise ValueError(
+                f"{config} needs {need} bytes of shared memory in its {kernel} kernel at "
+                f"head dim {hp}, more than the {SMEM_BYTES} of a Hopper SM: lower its "
+                "blocks, stages or warpgroups"
+            )
+    # A float32 accumulator costs (its elements / 128 threads) registers a thread. Past
+    # 128 for the accumulators (of the 232 a consumer gets; S, dP and P need the rest)
+    # ptxas would spill, which the lowering does not check.
+    if not config.split_dkv and 2 * config.block_kv_dkv * hp > 128 * 128:
+        raise ValueError(
+            f"{config.block_kv_dkv=} x head dim {hp} is too large for a warpgroup's dK and "
+            "dV accumulators: use split_dkv=True or block_kv_dkv=64"
+        )
+    if config.block_q_dq * hp > 128 * 128:
+        raise ValueError(
+            f"{config.block_q_dq=} x head dim {hp} is too large for a warpgroup's dQ "
+            "accumulator: use block_q_dq=64"
+        )
+
+
+def backward(
+    q,
+    k,
+    v,
+    o,
+    lse,
+    do,
+    dlse,
+    q_len,
+    kv_len,
+    segments=None,
+    seeds=None,
+    bias=None,
+    mask=None,
+    layout=None,
+    *,
+    spec: masks.MaskSpec,
+    scale: float,
+    config: MosaicBwdConfig,
+    interpret: bool | plgpu.InterpretGPUParams = False,
+    dropout_rate: float = 0.0,
+    logits: Logits = Logits(),
+):
+    """Returns dq, dk, dv in the dtypes of q, k, v, and None (no bias gradient), as
+    triton/backward.py's `backward`.
+
+    `o` [B, T, N, H] and `lse` [B, N, T] (float32, natural log, -inf on rows that see no
+    key) are the forward pass's; `do` the output's cotangent and `dlse` the logsumexp's
+    (or None). `interpret`: True (or an `InterpretGPUParams`) runs GPU interpret mode on
+    CPU, with the register operands staged through shared memory. Raises
+    NotImplementedError for what the kernels lack (see forward.unsupported) and
+    ValueError when the config does not fit in shared memory or registers.
+    """
+    B, T, N, H = q.shape
+    _, S, K, _ = k.shape
+    reason = unsupported(
+        q.dtype,
+        H,
+        spec,
+        segments=segments is not None,
+        dropout=dropout_rate > 0 or seeds is not None,
+        bias=bias is not None or logits.bias_grad,
+        mask=mask is not None,
+        softcap=logits.softcap is not None,
+    )
+    if reason is None and layout is not None:
+        reason = "block_sparse not supported by the Mosaic kernel yet"
+    if reason is not None:
+        raise NotImplementedError(reason)
+    if interpret is True:
+        interpret = plgpu.InterpretGPUParams()
+    if interpret is not False:  # the interpreter's wgmma reads shared memory only
+        config = dataclasses.replace(config, operands_in_registers=False)
+    hp = padded_head_dim(H)
+    _check_fits(config, hp)
+
+    # One padded length serves both kernels: whole dK/dV query tiles and dQ CTAs, whole
+    # dK/dV CTAs and dQ key tiles.
+    rows_dq = config.consumers_dq * config.block_q_dq
+    keys_dkv = config.key_tiles_dkv * config.block_kv_dkv
+    t_step = math.lcm(config.block_q_dkv, rows_dq)
+    s_step = math.lcm(keys_dkv, config.block_kv_dq)
+    t_pad, s_pad = -(-T // t_step) * t_step, -(-S // s_step) * s_step
+    lse2, delta = backward_stats(o, do, lse, dlse)  # [B, N, T] each
+    pad = [(0, 0), (0, 0), (0, t_pad - T)]
+    lse2 = jnp.pad(lse2, pad, constant_values=jnp.inf)  # padding rows: P = 0
+    delta = jnp.pad(delta, pad)
+    q_p, do_p = _pad(q, t_pad, hp), _pad(do.astype(q.dtype), t_pad, hp)
+    k_p, v_p = _pad(k, s_pad, hp), _pad(v, s_pad, hp)
+    q_len, kv_len = q_len.astype(jnp.int32), kv_len.astype(jnp.int32)
+    inputs = (q_p, k_p, v_p, do_p, lse2, delta)
+    transforms = (
+        plgpu.TilingTransform((8, _SWIZZLE // q.dtype.itemsize)),
+        plgpu.SwizzleTransform(_SWIZZLE),
+    )
+    tile = lambda *shape: plgpu.SMEM(shape, q.dtype, transforms=transforms)  # noqa: E731
+    params = dict(
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        interpret=None if interpret is False else interpret,
+        thread_name="wg",
+    )
+    staged = not config.operands_in_registers
+
+    # dK, dV: one CTA per (key/value head, key span, batch).
+    bq, bk, stages = config.block_q_dkv, config.block_kv_dkv, config.num_stages_dkv
+    tiles, c_dkv = config.key_tiles_dkv, config.consumers_dkv
+    num_spans = s_pad // keys_dkv
+    ranges = _ranges(masks.q_tile_range, spec, q_len, kv_len, num_spans, bq, keys_dkv, keys_dkv)
+    dk, dv = plgpu.kernel(
+        functools.partial(_dkdv_kernel, spec=spec, scale=scale, config=config, group=N // K),
+        out_type=(
+            jax.ShapeDtypeStruct((B, s_pad, K, hp), k.dtype),
+            jax.ShapeDtypeStruct((B, s_pad, K, hp), v.dtype),
+        ),
+        scratch_types=dict(
+            k_smem=tile(tiles, bk, hp),
+            v_smem=tile(tiles, bk, hp),
+            q_smem=tile(stages, bq, hp),
+            do_smem=tile(stages, bq, hp),
+            lse_smem=plgpu.SMEM((stages, bq), jnp.float32),
+            delta_smem=plgpu.SMEM((stages, bq), jnp.float32),
+            staging_smem=tile(c_dkv, bk, bq) if staged else None,
+            kv_ready=plgpu.Barrier(num_arrivals=2 * tiles),
+            q_ready=plgpu.Barrier(num_arrivals=2, num_barriers=stages),  # Q and lse
+            do_ready=plgpu.Barrier(num_arrivals=2, num_barriers=stages),  # dO and D
+            free=plgpu.Barrier(num_arrivals=c_dkv, num_barriers=stages),
+            done=plgpu.Barrier(num_arrivals=2) if config.split_dkv else None,
+        ),
+        grid=(K, num_spans, B),
+        grid_names=("heads", "kv_tiles", "batch"),
+        num_threads=c_dkv + 1,
+        kernel_name="pallas_flash_mosaic_bwd_dkdv",
+        **params,
+    )(q_len, kv_len, ranges, *inputs)
+
+    # dQ: one CTA per (query head, consumers * block_q rows, batch).
+    bq, bk, stages = config.block_q_dq, config.block_kv_dq, config.num_stages_dq
+    c_dq = config.consumers_dq
+    num_q_tiles = t_pad // rows_dq
+    ranges = _ranges(masks.kv_tile_range, spec, q_len, kv_len, num_q_tiles, rows_dq, bk, rows_dq)
+    dq = plgpu.kernel(
+        functools.partial(
+            _dq_kernel,
+            spec=spec,
+            scale=scale,
+            config=config,
+            num_q_tiles=num_q_tiles,
+            group=N // K,
+        ),
+        out_type=jax.ShapeDtypeStruct((B, t_pad, N, hp), q.dtype),
+        scratch_types=dict(
+            q_smem=tile(c_dq, bq, hp),
+            do_smem=tile(c_dq, bq, hp),
+            lse_smem=plgpu.SMEM((c_dq, bq), jnp.float32),
+            delta_smem=plgpu.SMEM((c_dq, bq), jnp.float32),
+            k_smem=tile(stages, bk, hp),
+            v_smem=tile(stages, bk, hp),
+            staging_smem=tile(c_dq, bq, bk) if staged else None,
+            q_ready=plgpu.Barrier(num_arrivals=4, num_barriers=c_dq),  # Q, dO, lse, D
+            k_ready=plgpu.Barrier(num_barriers=stages),
+            v_ready=plgpu.Barrier(num_barriers=stages),
+            k_free=plgpu.Barrier(num_arrivals=c_dq, num_barriers=stages),
+            v_free=plgpu.Barrier(num_arrivals=c_dq, num_barriers=stages),
+        ),
+        grid=(N, num_q_tiles, B),
+        grid_names=("heads", "q_tiles", "batch"),
+        num_threads=c_dq + 1,
+        kernel_name="pallas_flash_mosaic_bwd_dq",
+        **params,
+    )(q_len, kv_len, ranges, *inputs)
+    return dq[:, :T, :, :H], dk[:, :S, :, :H], dv[:, :S, :, :H], None

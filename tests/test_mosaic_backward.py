@@ -1,0 +1,427 @@
+"""The Mosaic GPU (Hopper) backward kernels (dK/dV and dQ) against the float32 reference.
+
+On CPU the kernels run in Mosaic GPU's interpret mode: the same warp-specialised
+kernels, with their producer/consumer barriers, TMA copies and wgmma simulated, except
+that P^T, dS^T and dS enter their wgmma from shared memory
+(`MosaicBwdConfig.operands_in_registers=False`; the interpreter's wgmma cannot read
+registers). The CUDA lowering tests also run on CPU. Tests marked `gpu` run the
+compiled kernels on the H200, operands from registers and from shared memory:
+`pytest -m gpu tests/test_mosaic_backward.py` there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import zlib
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_flash import masks, reference
+from pallas_flash.logits import Logits
+from pallas_flash.mosaic import backward as mosaic_backward
+from pallas_flash.mosaic import forward as mosaic_forward
+from pallas_flash.mosaic.config import (
+    MosaicBwdConfig,
+    MosaicConfig,
+    default_mosaic_bwd_config,
+    default_mosaic_config,
+)
+from tests.cases import CASES, Case, tolerance_check
+
+pytestmark = pytest.mark.mosaic  # the GPU run takes these in a step of their own
+
+BF16, F16 = jnp.bfloat16, jnp.float16
+
+
+def _spec(case: Case) -> masks.MaskSpec:
+    return masks.MaskSpec(
+        causal=case.causal, bottom_right=case.bottom_right, local_window=case.window
+    )
+
+
+def _lengths(case: Case):
+    lens = lambda x: None if x is None else jnp.asarray(x, jnp.int32)  # noqa: E731
+    return masks.lengths_or_full(
+        lens(case.q_lens), lens(case.kv_lens), case.batch, case.seq_q, case.seq_kv
+    )
+
+
+def _seed(case: Case) -> int:
+    return zlib.crc32(case.id.encode()) % 1000  # stable across runs, unlike hash()
+
+
+def _reference_grads(case: Case, q, k, v, do, dlse, *, upcast: bool):
+    """(o, lse, dq, dk, dv) of reference.py: float32 truth (upcast) or naive in dtype."""
+    q_len, kv_len = _lengths(case)
+
+    def f(q, k, v):
+        return reference.attention(
+            q,
+            k,
+            v,
+            scale=case.head_dim**-0.5,
+            mask_spec=_spec(case),
+            query_seq_lengths=q_len,
+            key_value_seq_lengths=kv_len,
+            upcast=upcast,
+        )
+
+    if upcast:
+        q, k, v, do = (x.astype(jnp.float32) for x in (q, k, v, do))
+    (o, lse), vjp = jax.vjp(f, q, k, v)
+    return (o, lse, *vjp((do.astype(o.dtype), jnp.where(jnp.isfinite(lse), dlse, 0.0))))
+
+
+@functools.cache
+def _problem(case: Case, seed: int, with_dlse: bool):
+    """Inputs, the lse cotangent, and the reference's (o, lse, dq, dk, dv) in float32
+    and naive in the case's dtype (jitted: several times faster than eager on CPU)."""
+    q, k, v, do = case.inputs(seed)
+    dlse = jax.random.normal(jax.random.PRNGKey(seed + 1000), (case.batch, case.heads, case.seq_q))
+    dlse = dlse if with_dlse else jnp.zeros_like(dlse)
+
+    @jax.jit
+    def both(*args):
+        return tuple(_reference_grads(case, *args, upcast=upcast) for upcast in (True, False))
+
+    ref, naive = both(q, k, v, do, dlse)
+    return (q, k, v, do, dlse), ref, naive
+
+
+def _backward(case, config, interpret, q, k, v, o, lse, do, dlse):
+    q_len, kv_len = _lengths(case)
+    return mosaic_backward.backward(
+        q,
+        k,
+        v,
+        o,
+        lse,
+        do,
+        dlse,
+        q_len,
+        kv_len,
+        spec=_spec(case),
+        scale=case.head_dim**-0.5,
+        config=config or default_mosaic_bwd_config(case.head_dim),
+        interpret=interpret,
+    )[:3]
+
+
+def _mosaic_forward(case, interpret, q, k, v):
+    q_len, kv_len = _lengths(case)
+    config = MosaicConfig(block_q=64, block_kv=64) if interpret else None
+    return mosaic_forward.forward(
+        q,
+        k,
+        v,
+        q_len,
+        kv_len,
+        spec=_spec(case),
+        scale=case.head_dim**-0.5,
+        config=config or default_mosaic_config(case.head_dim),
+        interpret=interpret,
+    )
+
+
+def _compare(case, config, interpret, seed: int = 0, *, with_dlse=True, mosaic_forward_=False):
+    """The kernels' dq, dk, dv within tolerance of the reference's, given O and the
+    logsumexp of the reference (O cast to the kernel's dtype) or of the Mosaic forward.
+    With `with_dlse`, the logsumexp has a random cotangent too (it enters through D)."""
+    (q, k, v, do, dlse), ref, naive = _problem(case, seed, with_dlse)
+    if mosaic_forward_:
+        o, lse = _mosaic_forward(case, interpret, q, k, v)
+    else:
+        o, lse = ref[0].astype(case.dtype), ref[1]
+    dlse = jnp.where(jnp.isfinite(lse), dlse, 0.0)
+    grads = _backward(case, config, interpret, q, k, v, o, lse, do, dlse)
+    for name, got, r, n in zip(("dq", "dk", "dv"), grads, ref[2:], naive[2:]):
+        assert got.dtype == case.dtype, name
+        tolerance_check(f"mosaic bwd {case.id} {name}", got, r, n, case.dtype)
+    return grads
+
+
+# Awkward shapes for interpret mode: lengths off the tiles, T != S both ways, GQA and
+# MQA, both causal alignments, windows, ragged and empty lengths, padded head dims, and
+# the dK/dV split of head dims above 128 (with one dQ warpgroup).
+INTERPRET_CASES = [
+    Case(1, 100, 150, 2, 1, 64, BF16),
+    Case(1, 100, 257, 1, 1, 128, F16, causal=True, bottom_right=True, kv_lens=(150,)),
+    Case(2, 100, 90, 1, 1, 64, BF16, causal=True, q_lens=(100, 61), kv_lens=(33, 90)),
+    Case(1, 200, 150, 1, 1, 64, F16, causal=True, window=(40, 3)),
+    Case(1, 1, 77, 1, 1, 80, F16),  # one query row; head dim padded to 128
+    Case(1, 70, 90, 2, 1, 256, BF16, causal=True),
+]
+
+
+@pytest.mark.parametrize("case", INTERPRET_CASES, ids=lambda c: c.id)
+def test_interpret_matches_reference(case):
+    _compare(case, None, interpret=True, seed=_seed(case))
+
+
+CONFIGS = [
+    # The producers wait for every tile; one dK/dV warpgroup.
+    MosaicBwdConfig(num_stages_dkv=1, num_stages_dq=1, consumers_dkv=1),
+    # dV / dK split between the warpgroups, 128-row query tiles, 128-key tiles.
+    MosaicBwdConfig(split_dkv=True, block_q_dkv=128, block_kv_dq=128, num_stages_dkv=3),
+    # 128-key dK/dV tiles, 128-row dQ tiles in one warpgroup.
+    MosaicBwdConfig(block_kv_dkv=128, block_q_dq=128, consumers_dq=1, num_stages_dq=3),
+]
+
+
+def _config_id(c: MosaicBwdConfig) -> str:
+    dkv = f"dkv{c.consumers_dkv}x{c.block_kv_dkv}-q{c.block_q_dkv}-s{c.num_stages_dkv}"
+    dq = f"dq{c.consumers_dq}x{c.block_q_dq}-kv{c.block_kv_dq}-s{c.num_stages_dq}"
+    return f"{dkv}{'-split' if c.split_dkv else ''}-{dq}"
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=_config_id)
+def test_interpret_configs(config):
+    # A GQA group of 2 with ragged, causal tiles: every config crosses masked, full and
+    # skipped tiles and several ring turns.
+    case = Case(1, 150, 200, 2, 1, 64, BF16, causal=True, bottom_right=True, kv_lens=(180,))
+    _compare(case, config, interpret=True, seed=1)
+
+
+def test_interpret_fully_masked_rows_have_zero_gradients():
+    # Batch 0: bottom-right causal with q_len 30 > kv_len 24, so the diagonal starts at
+    # column -6 and rows 0..5 see no key; rows 30..39 are padding. Batch 1: no key at
+    # all. Batch 2: no query at all.
+    case = Case(3, 40, 24, 1, 1, 64, BF16, causal=True, bottom_right=True)
+    case = dataclasses.replace(case, q_lens=(30, 40, 0), kv_lens=(24, 0, 24))
+    dq, dk, dv = (np.asarray(x, np.float32) for x in _compare(case, None, interpret=True))
+    for x in (dq, dk, dv):
+        assert np.isfinite(x).all()
+    for b, rows in [(0, slice(0, 6)), (0, slice(30, 40)), (1, slice(0, 40)), (2, slice(0, 40))]:
+        assert (dq[b, rows] == 0).all()
+    for b in (1, 2):
+        assert (dk[b] == 0).all() and (dv[b] == 0).all()
+    assert np.abs(dq[0, 6:30]).min(axis=-1).max() > 0
+
+
+def test_interpret_never_reads_skipped_tiles():
+    """Rows and keys no tile pair needs are never loaded: poisoning them with NaN
+    changes nothing (a read would show, as NaN spreads through every matmul).
+
+    Bottom-right causal, T = 256 > S = 64: rows 0..191 see no key, so the dK/dV kernel
+    streams only query tile 3 of 64 rows, and the dQ CTA of rows 0..127 loads no key."""
+    case = Case(1, 256, 64, 1, 1, 64, BF16, causal=True, bottom_right=True)
+    (q, k, v, do, _), ref, _ = _problem(case, 0, False)
+    o, lse = ref[0].astype(BF16), ref[1]
+    args = lambda q, do: (q, k, v, o, lse, do, None)  # noqa: E731
+    clean = _backward(case, None, True, *args(q, do))
+    q_bad, do_bad = q.at[:, :128].set(jnp.nan), do.at[:, :128].set(jnp.nan)
+    poisoned = _backward(case, None, True, *args(q_bad, do_bad))
+    chex.assert_trees_all_equal(clean, poisoned)
+    assert (np.asarray(clean[0][:, :192]) == 0).all()
+
+
+def test_interpret_takes_the_mosaic_forward_residuals():
+    """O and the logsumexp of the Mosaic forward feed the Mosaic backward as they are."""
+    case = Case(1, 70, 90, 2, 1, 64, F16, causal=True, kv_lens=(80,))
+    _compare(case, None, interpret=True, seed=2, mosaic_forward_=True)
+
+
+def test_interpret_finds_no_data_race():
+    """The interpreter's happens-before race detector over the shared buffers (the
+    resident K/V, the Q/dO/lse/D ring, the K/V ring, the staging buffers and the
+    outputs staged through shared memory; its wgmma operand reads are not instrumented)."""
+    from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks  # no public accessor
+
+    params = plgpu.InterpretGPUParams(detect_races=True)
+    case = Case(1, 130, 70, 1, 1, 64, BF16)
+    _compare(case, MosaicBwdConfig(split_dkv=True), interpret=params, with_dlse=False)
+    assert not gpu_callbacks.get_races().races_found
+
+
+@pytest.mark.parametrize(
+    "dtype,kwargs,match",
+    [
+        (jnp.float32, {}, "bfloat16 or float16"),
+        (BF16, {"segments": (jnp.zeros((1, 8), jnp.int32),) * 2}, "segment_ids"),
+        (BF16, {"bias": jnp.zeros((1, 1, 8, 8), BF16)}, "bias"),
+        (BF16, {"mask": jnp.ones((1, 1, 8, 8), jnp.int8)}, "mask"),
+        (BF16, {"seeds": jnp.zeros((2,), jnp.int32), "dropout_rate": 0.1}, "dropout"),
+        (BF16, {"logits": Logits(softcap=5.0)}, "logits_soft_cap"),
+        (BF16, {"layout": jnp.ones((1, 1, 1), bool)}, "block_sparse"),
+    ],
+    ids=["float32", "segments", "bias", "mask", "dropout", "softcap", "block-sparse"],
+)
+def test_unsupported_features_raise(dtype, kwargs, match):
+    q = jnp.ones((1, 8, 2, 64), dtype)
+    lse = jnp.zeros((1, 2, 8), jnp.float32)
+    lens = jnp.full((1,), 8, jnp.int32)
+    with pytest.raises(NotImplementedError, match=match):
+        mosaic_backward.backward(
+            q,
+            q,
+            q,
+            q,
+            lse,
+            q,
+            None,
+            lens,
+            lens,
+            spec=masks.MaskSpec(),
+            scale=1.0,
+            config=MosaicBwdConfig(),
+            interpret=True,
+            **kwargs,
+        )
+
+
+def test_config_validation():
+    for field, value in [
+        ("block_q_dkv", 32),
+        ("block_kv_dq", 512),
+        ("num_stages_dq", 0),
+        ("consumers_dkv", 3),
+    ]:
+        with pytest.raises(ValueError, match=field):
+            MosaicBwdConfig(**{field: value})
+    with pytest.raises(ValueError, match="split_dkv"):
+        MosaicBwdConfig(split_dkv=True, consumers_dkv=1)
+    q = jnp.ones((1, 8, 1, 256), BF16)
+    lse = jnp.zeros((1, 1, 8), jnp.float32)
+    lens = jnp.full((1,), 8, jnp.int32)
+    for config, match in [
+        (MosaicBwdConfig(split_dkv=True), "shared memory in its dQ kernel"),
+        (MosaicBwdConfig(consumers_dq=1, num_stages_dkv=3), "shared memory in its dK/dV"),
+        (MosaicBwdConfig(consumers_dkv=1, consumers_dq=1), "accumulators"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            mosaic_backward.backward(
+                q, q, q, q, lse, q, None, lens, lens, spec=masks.MaskSpec(), scale=1.0,
+                config=config,
+            )  # fmt: skip
+
+
+LOWERINGS = {
+    "h64-bf16-window": (64, BF16, masks.MaskSpec(local_window=(100, 20))),
+    "h128-bf16-causal-br": (128, BF16, masks.MaskSpec(causal=True, bottom_right=True)),
+    "h192-f16-causal": (192, F16, masks.MaskSpec(causal=True)),
+    "h256-bf16-causal-br": (256, BF16, masks.MaskSpec(causal=True, bottom_right=True)),
+}
+
+
+@pytest.mark.parametrize("in_registers", [True, False], ids=["regs", "staged"])
+@pytest.mark.parametrize("head_dim,dtype,spec", LOWERINGS.values(), ids=LOWERINGS.keys())
+def test_compiled_kernels_lower_for_hopper(head_dim, dtype, spec, in_registers):
+    """Lowering for CUDA runs on CPU: Pallas to the Mosaic GPU dialect, its layout
+    inference for sm_90 (the register operands of wgmma included), the lowering of
+    that dialect and the shared-memory check, for both kernels. What is left for the
+    GPU: LLVM/PTX code generation, ptxas (register spills), and running it."""
+    config = dataclasses.replace(
+        default_mosaic_bwd_config(head_dim), operands_in_registers=in_registers
+    )
+
+    def f(q, k, v, o, lse, do, q_len, kv_len):
+        return mosaic_backward.backward(
+            q, k, v, o, lse, do, None, q_len, kv_len, spec=spec, scale=0.1, config=config
+        )[:3]
+
+    q = jax.ShapeDtypeStruct((2, 300, 4, head_dim), dtype)
+    kv = jax.ShapeDtypeStruct((2, 257, 2, head_dim), dtype)
+    lse = jax.ShapeDtypeStruct((2, 4, 300), jnp.float32)
+    lens = jax.ShapeDtypeStruct((2,), jnp.int32)
+    lowered = jax.jit(f).trace(q, kv, kv, q, lse, q, lens, lens).lower(lowering_platforms=("cuda",))
+    text = lowered.as_text()
+    for name in ("pallas_flash_mosaic_bwd_dkdv", "pallas_flash_mosaic_bwd_dq"):
+        assert name in text
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
+def test_default_configs_fit_in_shared_memory(head_dim):
+    for in_registers in (True, False):
+        config = dataclasses.replace(
+            default_mosaic_bwd_config(head_dim), operands_in_registers=in_registers
+        )
+        assert config.smem_bytes_dkv(head_dim) <= 227 * 1024
+        assert config.smem_bytes_dq(head_dim) <= 227 * 1024
+
+
+# --- compiled, on the H200 -------------------------------------------------------------
+
+# The shared table's cases these kernels serve (16-bit, no segments/dropout/bias/mask/cap),
+# plus head dims 64/128/256 at sizes that fill the pipelines.
+GPU_CASES = [
+    c
+    for c in CASES
+    if mosaic_forward.unsupported(
+        c.dtype,
+        c.head_dim,
+        _spec(c),
+        segments=c.segments is not None,
+        dropout=c.dropout > 0,
+        bias=c.bias is not None,
+        mask=c.mask,
+        softcap=c.softcap is not None,
+    )
+    is None
+] + [
+    Case(2, 1024, 1024, 8, 8, 64, BF16),
+    Case(2, 1024, 1024, 8, 2, 128, F16, causal=True),
+    Case(2, 1000, 1500, 4, 1, 256, BF16, causal=True, bottom_right=True),
+    Case(1, 2048, 2048, 4, 4, 128, BF16, causal=True, q_lens=(2000,), kv_lens=(1900,)),
+    Case(3, 777, 513, 4, 2, 256, F16, q_lens=(777, 400, 0), kv_lens=(513, 1, 300)),
+    Case(2, 4096, 4096, 2, 1, 64, F16, causal=True, window=(512, 0)),
+]
+
+
+# O and the logsumexp come from the reference (O cast to the case's dtype), so that a
+# failure here is the backward's own; test_gpu_takes_the_mosaic_forward_residuals
+# chains the compiled forward.
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_registers", [True, False], ids=["regs", "staged"])
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_matches_reference(case, in_registers):
+    config = dataclasses.replace(
+        default_mosaic_bwd_config(case.head_dim), operands_in_registers=in_registers
+    )
+    _compare(case, config, interpret=False, seed=_seed(case))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES[-6:], ids=lambda c: c.id)
+def test_gpu_takes_the_mosaic_forward_residuals(case):
+    _compare(case, None, interpret=False, seed=_seed(case), mosaic_forward_=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", CONFIGS, ids=_config_id)
+def test_gpu_configs(config):
+    # Head dim 64: the 128-key dK/dV tiles of the last config exceed a warpgroup's
+    # registers at 128.
+    _compare(Case(2, 1000, 1100, 4, 2, 64, BF16, causal=True), config, interpret=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_gpu_is_bitwise_deterministic(head_dim):
+    """No atomics: two identical calls give bitwise-equal gradients (a GQA group of 4,
+    whose dK/dV sum over the group happens inside one CTA)."""
+    case = Case(2, 1024, 900, 8, 2, head_dim, BF16, causal=True, kv_lens=(900, 500))
+    (q, k, v, do, dlse), ref, _ = _problem(case, 3, True)
+    o, lse = ref[0].astype(BF16), ref[1]
+    dlse = jnp.where(jnp.isfinite(lse), dlse, 0.0)
+    run = lambda: _backward(case, None, False, q, k, v, o, lse, do, dlse)  # noqa: E731
+    chex.assert_trees_all_equal(run(), run())
+
+
+@pytest.mark.gpu
+def test_gpu_never_reads_skipped_tiles():
+    """As test_interpret_never_reads_skipped_tiles: rows 0..767 see no key, so the dK/dV
+    kernel never streams them and no dQ CTA of theirs loads a key."""
+    case = Case(1, 1024, 256, 2, 2, 128, BF16, causal=True, bottom_right=True)
+    (q, k, v, do, _), ref, _ = _problem(case, 0, False)
+    o, lse = ref[0].astype(BF16), ref[1]
+    clean = _backward(case, None, False, q, k, v, o, lse, do, None)
+    q_bad, do_bad = q.at[:, :768].set(jnp.nan), do.at[:, :768].set(jnp.nan)
+    poisoned = _backward(case, None, False, q_bad, k, v, o, lse, do_bad, None)
+    chex.assert_trees_all_equal(clean, poisoned)
+    assert (np.asarray(clean[0][:, :768]) == 0).all()
