@@ -191,6 +191,8 @@ def run_shape(impl: Impl, s: suites.Shape, passes, *, memory: bool, run: bool, c
         temp_bytes=None,
         peak_bytes=None,
         check_err=None,
+        check_worst=None,
+        check_ok=None,
         error=None,
     )
     key = (impl.name, s.family())
@@ -198,11 +200,9 @@ def run_shape(impl: Impl, s: suites.Shape, passes, *, memory: bool, run: bool, c
         if key not in checked:
             checked[key] = check(impl, s, dtype)
         err, worst = checked[key]
-        base["check_err"] = err
-        if not err <= CHECK_TOL:
-            raise AssertionError(
-                f"wrong result: relative error {err:.3g} in {worst} vs the float32 reference"
-            )
+        # A result off the reference is recorded (check_ok False, and which output) and
+        # still timed: the table marks it, rather than hide a fast peer's number.
+        base.update(check_err=err, check_worst=worst, check_ok=bool(err <= CHECK_TOL))
         q, k, v, do, arrays, static = make_inputs(s, dtype)
         fwd, fwd_bwd = _bind(impl, s, static)
         if memory:  # one compiled call: temporary bytes, peak bytes, its time

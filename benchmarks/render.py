@@ -68,6 +68,7 @@ def speed_tables(rows: list[dict]) -> str:
             "| impl | " + " | ".join(_seq_label(t) for t in seqs) + " |",
             "|---" * (len(seqs) + 1) + "|",
         ]
+        flagged = 0
         for impl in impls:
             vals, ratios = [], []
             for t in seqs:
@@ -79,12 +80,20 @@ def speed_tables(rows: list[dict]) -> str:
                     vals.append("failed")
                     ratios.append("")
                 else:
-                    vals.append(f"{r['tflops']:.0f}")
+                    mark = "†" if r.get("check_ok") is False else ""
+                    flagged += bool(mark)
+                    vals.append(f"{r['tflops']:.0f}{mark}")
                     b = best_peer[t]
                     ratios.append(f"{r['tflops'] / b:.2f}x" if b else "")
             out.append(f"| {impl} | " + " | ".join(vals) + " |")
             if _ours(impl):
                 out.append("| ratio to best peer | " + " | ".join(ratios) + " |")
+        if flagged:
+            out += [
+                "",
+                "† failed the pre-timing check against the float32 reference (relative "
+                "error over 2e-2; `check_err` and `check_worst` in the JSONL); timed anyway.",
+            ]
         out.append("")
     return "\n".join(out)
 

@@ -2,8 +2,10 @@
 
 Pre-norm transformer blocks (LayerNorm -> causal self-attention -> residual; LayerNorm
 -> MLP -> residual), rotary or learned positions, output projection tied to the token
-embedding. Byte-level by default (vocabulary 256). Parameters are float32; compute
-runs in `compute_dtype` (bfloat16 by default): mixed precision.
+embedding. The vocabulary is the dataset's: bytes (256) by default, or GPT-2's BPE
+(50257), whose embedding is padded to 50304 rows (a multiple of 64, for the matmuls);
+the padding rows' logits are -inf, so they are never predicted nor sampled. Parameters
+are float32; compute runs in `compute_dtype` (bfloat16 by default): mixed precision.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 import pallas_flash
+from models import sharding
 
 
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
-    vocab: int = 256
+    vocab: int = 256  # the tokenizer's (models/data.py's meta.json)
     seq_len: int = 256
     n_layer: int = 4
     n_head: int = 4
@@ -29,6 +33,11 @@ class GPTConfig:
     d_model: int = 256
     rotary: bool = True
     compute_dtype: str = "bfloat16"
+
+    @property
+    def padded_vocab(self) -> int:
+        """The embedding's rows: `vocab` rounded up to a multiple of 64."""
+        return -(-self.vocab // 64) * 64
 
 
 PRESETS = {
@@ -58,21 +67,46 @@ def rotary(x, positions):
     return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).astype(x.dtype)
 
 
+def dropout(x, rate: float, key):
+    """Inverted dropout with an explicit key; the identity when key is None or rate is 0."""
+    if key is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+
+
 class Block(nnx.Module):
-    def __init__(self, cfg: GPTConfig, attention, *, rngs: nnx.Rngs):
+    """Pre-norm block. `cfg` needs d_model, n_head, n_kv_head, rotary, compute_dtype;
+    qkv_dim (attention width, default d_model), mlp_dim (default 4 d_model) and
+    dropout_rate (on the attention output and both MLP layers, LRA's placement) serve the LRA
+    classifier; the GPT uses the defaults."""
+
+    def __init__(
+        self,
+        cfg,
+        attention,
+        *,
+        rngs: nnx.Rngs,
+        qkv_dim: int | None = None,
+        mlp_dim: int | None = None,
+        dropout_rate: float = 0.0,
+    ):
         dt = jnp.dtype(cfg.compute_dtype)
-        self.cfg, self.attention = cfg, attention
+        self.cfg, self.attention, self.dropout_rate = cfg, attention, dropout_rate
         self.n_kv = cfg.n_kv_head or cfg.n_head
-        self.head_dim = cfg.d_model // cfg.n_head
+        self.qkv_dim = qkv_dim or cfg.d_model
+        self.head_dim = self.qkv_dim // cfg.n_head
+        mlp_dim = mlp_dim or 4 * cfg.d_model
         dense = functools.partial(nnx.Linear, dtype=dt, param_dtype=jnp.float32, rngs=rngs)
         self.ln1 = nnx.LayerNorm(cfg.d_model, dtype=dt, rngs=rngs)
         self.qkv = dense(cfg.d_model, (cfg.n_head + 2 * self.n_kv) * self.head_dim)
-        self.proj = dense(cfg.d_model, cfg.d_model)
+        self.proj = dense(self.qkv_dim, cfg.d_model)
         self.ln2 = nnx.LayerNorm(cfg.d_model, dtype=dt, rngs=rngs)
-        self.fc = dense(cfg.d_model, 4 * cfg.d_model)
-        self.out = dense(4 * cfg.d_model, cfg.d_model)
+        self.fc = dense(cfg.d_model, mlp_dim)
+        self.out = dense(mlp_dim, cfg.d_model)
 
-    def __call__(self, x):
+    def __call__(self, x, *, dropout_key=None, **attention_kwargs):
+        """`attention_kwargs` (lengths, attention dropout) go to the attention function."""
         B, T, _ = x.shape
         h = self.qkv(self.ln1(x))
         nq, nkv = self.cfg.n_head * self.head_dim, self.n_kv * self.head_dim
@@ -82,24 +116,45 @@ class Block(nnx.Module):
         if self.cfg.rotary:
             pos = jnp.arange(T)
             q, k = rotary(q, pos), rotary(k, pos)
-        a = self.attention(q, k, v).reshape(B, T, self.cfg.d_model)
-        x = x + self.proj(a)
-        return x + self.out(jax.nn.gelu(self.fc(self.ln2(x))))
+        a = self.attention(q, k, v, **attention_kwargs).reshape(B, T, self.qkv_dim)
+        keys = [None] * 3 if dropout_key is None else list(jax.random.split(dropout_key, 3))
+        x = x + dropout(self.proj(a), self.dropout_rate, keys[0])
+        h = dropout(jax.nn.gelu(self.fc(self.ln2(x))), self.dropout_rate, keys[1])
+        return x + dropout(self.out(h), self.dropout_rate, keys[2])
 
 
 class GPT(nnx.Module):
-    def __init__(self, cfg: GPTConfig, attention: str = "flash", *, rngs: nnx.Rngs):
+    """The GPT; with a (data, seq) `mesh` (models/sharding.py) its attention runs over the
+    mesh (ring attention when seq > 1), and the rest needs nothing: it is position-wise,
+    and the positions are those of the global sequence."""
+
+    def __init__(
+        self,
+        cfg: GPTConfig,
+        attention: str = "flash",
+        *,
+        rngs: nnx.Rngs,
+        mesh: Mesh | None = None,
+    ):
         if attention not in ATTENTION:
             raise ValueError(f"attention must be one of {sorted(ATTENTION)}, got {attention!r}")
+        if mesh is not None and mesh.shape[sharding.SEQ] > 1 and attention != "flash":
+            raise ValueError(
+                f"sequence parallelism runs ring attention over our kernels: attention must "
+                f"be 'flash', got {attention!r}"
+            )
+        attend = (
+            ATTENTION[attention] if mesh is None else sharding.attention(mesh, ATTENTION[attention])
+        )
         dt = jnp.dtype(cfg.compute_dtype)
         self.cfg = cfg
-        self.embed = nnx.Embed(cfg.vocab, cfg.d_model, dtype=dt, param_dtype=jnp.float32, rngs=rngs)
+        self.embed = nnx.Embed(
+            cfg.padded_vocab, cfg.d_model, dtype=dt, param_dtype=jnp.float32, rngs=rngs
+        )
         self.pos = None
         if not cfg.rotary:
             self.pos = nnx.Embed(cfg.seq_len, cfg.d_model, dtype=dt, rngs=rngs)
-        self.blocks = nnx.List(
-            [Block(cfg, ATTENTION[attention], rngs=rngs) for _ in range(cfg.n_layer)]
-        )
+        self.blocks = nnx.List([Block(cfg, attend, rngs=rngs) for _ in range(cfg.n_layer)])
         self.ln_f = nnx.LayerNorm(cfg.d_model, dtype=dt, rngs=rngs)
 
     def __call__(self, tokens):
@@ -109,20 +164,32 @@ class GPT(nnx.Module):
         for block in self.blocks:
             x = block(x)
         x = self.ln_f(x)
-        return self.embed.attend(x).astype(jnp.float32)  # tied output projection
+        logits = self.embed.attend(x).astype(jnp.float32)  # tied output projection
+        if self.cfg.padded_vocab > self.cfg.vocab:  # no token: probability 0
+            real = jnp.arange(self.cfg.padded_vocab) < self.cfg.vocab
+            logits = jnp.where(real, logits, -jnp.inf)
+        return logits
 
 
 def loss_fn(model: GPT, tokens):
-    """Mean next-byte cross-entropy in nats; bits per byte = this / ln 2."""
-    logits = model(tokens[:, :-1])
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    nll = -jnp.take_along_axis(logp, tokens[:, 1:, None].astype(jnp.int32), -1)[..., 0]
+    """Mean next-token cross-entropy in nats of windows [B, T + 1] (byte-level: bits per
+    byte = this / ln 2; a BPE: this x tokens / bytes / ln 2)."""
+    return next_token_loss(model, tokens[:, :-1], tokens[:, 1:])
+
+
+def next_token_loss(model: GPT, inputs, targets):
+    """`loss_fn` with the inputs and targets [B, T] apart (T, not T + 1: a sequence that
+    splits evenly over devices)."""
+    logp = jax.nn.log_softmax(model(inputs), axis=-1)
+    nll = -jnp.take_along_axis(logp, targets[..., None].astype(jnp.int32), -1)[..., 0]
     return nll.mean()
 
 
-def generate(model: GPT, prompt: np.ndarray, n: int, key, temperature: float = 0.8):
-    """Samples n bytes after `prompt`; one jitted step per byte over a fixed window
-    (the last seq_len bytes, left-padded with newlines at the start)."""
+def generate(
+    model: GPT, prompt: np.ndarray, n: int, key, temperature: float = 0.8, pad: int = 10
+) -> np.ndarray:
+    """Samples n tokens after `prompt`; one jitted step per token over a fixed window (the
+    last seq_len tokens, left-padded with `pad`, a newline's id, at the start)."""
     graphdef, state = nnx.split(model)
     L = model.cfg.seq_len
 
@@ -133,6 +200,6 @@ def generate(model: GPT, prompt: np.ndarray, n: int, key, temperature: float = 0
 
     tokens = list(np.asarray(prompt, np.int32))
     for i in range(n):
-        window = ([10] * L + tokens)[-L:]
+        window = ([pad] * L + tokens)[-L:]
         tokens.append(int(step(state, jnp.asarray(window, jnp.int32), jax.random.fold_in(key, i))))
-    return np.asarray(tokens, np.uint8)
+    return np.asarray(tokens, np.int32)

@@ -6,8 +6,16 @@ marked `gpu` alone need a GPU and are skipped, with that reason, on a CPU-only m
 where the `kernel` tests run in Pallas's interpret mode instead.
 """
 
-import jax
-import pytest
+import os
+
+# Ring attention runs on several devices: on CPU, 8 host devices. The flag must be set
+# before JAX initialises its backends, and is appended: the GPU run sets XLA_FLAGS too.
+os.environ["XLA_FLAGS"] = " ".join(
+    f for f in (os.environ.get("XLA_FLAGS"), "--xla_force_host_platform_device_count=8") if f
+)
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
 ON_GPU = jax.default_backend() == "gpu"
 

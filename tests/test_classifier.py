@@ -1,0 +1,138 @@
+"""The LRA classifier: padding never leaks into the logits, the trainer trains it on tiny
+generated ListOps and Pathfinder data and measures accuracy right, and a killed run
+resumes exactly (batches and dropout keys are pure functions of seed and step)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from models import classifier, lra, train
+
+
+@pytest.fixture(scope="module")
+def lra_root(tmp_path_factory):
+    """Tiny LRA tasks from our generators: ListOps of 8..64 tokens, 11 x 11 Pathfinder."""
+    root = tmp_path_factory.mktemp("lra")
+    for split, n, seed in [("train", 256, 0), ("val", 40, 1), ("test", 40, 2)]:
+        for task, (x, y) in [
+            ("listops", lra.listops(n, seed, min_len=8, max_len=64)),
+            ("pathfinder32", lra.pathfinder(n, seed, size=11)),
+        ]:
+            (root / task).mkdir(exist_ok=True)
+            np.save(root / task / f"{split}_x.npy", x)
+            np.save(root / task / f"{split}_y.npy", y)
+    return root
+
+
+def _rows(out):
+    with open(out / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+def _args(task, root, out, *extra):
+    return [
+        "--task",
+        task,
+        "--preset",
+        "tiny",
+        "--data-dir",
+        str(root),
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+@pytest.mark.parametrize("pool", ["cls", "mean"])
+def test_padded_tokens_do_not_change_the_logits(pool):
+    """Our attention, given the valid lengths: evaluation and, for CLS, training (dropout)."""
+    cfg = classifier.ClassifierConfig(
+        pool=pool, vocab=16, n_classes=10, seq_len=100, dropout=0.1, attention_dropout=0.1
+    )
+    model = classifier.Classifier(cfg, "flash", rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(0)
+    lengths = np.array([100, 37, 1], np.int32)
+    padded = rng.integers(1, 16, (3, 100)).astype(np.uint8)
+    padded[np.arange(100)[None] >= lengths[:, None]] = 0
+    garbage = np.where(padded == 0, rng.integers(1, 16, padded.shape), padded).astype(np.uint8)
+    logits = jax.jit(lambda t, key: model(t, lengths, dropout_key=key))
+    for key in (None, jax.random.PRNGKey(3)) if pool == "cls" else (None,):
+        a, b = logits(padded, key), logits(garbage, key)
+        assert np.isfinite(np.asarray(a)).all()
+        np.testing.assert_array_equal(a, b)
+    # the padding is not ignored by accident: a changed valid token changes the logits
+    changed = padded.copy()
+    changed[1, 0] = changed[1, 0] % 15 + 1
+    assert not np.array_equal(logits(padded, None)[1], logits(changed, None)[1])
+
+
+def test_example_ids_cover_each_epoch_once():
+    ids = np.concatenate([train.example_ids(10, s, 4, seed=7) for s in range(5)])  # 2 epochs
+    assert sorted(ids[:10]) == list(range(10)) and sorted(ids[10:20]) == list(range(10))
+    np.testing.assert_array_equal(train.example_ids(10, 3, 4, seed=7), ids[12:16])
+    assert not np.array_equal(ids[:10], ids[10:20])  # a new order each epoch
+
+
+def test_accuracy_over_a_split_with_a_partial_last_batch(lra_root, tmp_path, monkeypatch):
+    cfg, recipe = classifier.PRESETS["listops"]["tiny"]  # float32: batch shapes round alike
+    f32 = (dataclasses.replace(cfg, compute_dtype="float32"), recipe)
+    monkeypatch.setitem(classifier.PRESETS["listops"], "tiny", f32)
+    args = train.parse(_args("listops", lra_root, tmp_path, "--batch", "16", "--attention", "xla"))
+    job = train.ClassifierJob(args, lra_root)
+    params = job.state[0]
+    loss, acc, n = job.accuracy(params, "test")  # 40 examples: batches of 16, 16, 8 (+ 8 fill)
+    tokens, lengths, labels = job.splits["test"]
+    logits = job.merged(params)(tokens, lengths)
+    nll, correct = classifier.loss_and_accuracy(logits, labels)
+    assert n == 40
+    np.testing.assert_allclose(acc, float(correct.mean()), rtol=1e-6)
+    np.testing.assert_allclose(loss, float(nll.mean()), rtol=1e-5)
+
+
+def test_listops_trains_and_reports_test_accuracy(lra_root, tmp_path, capsys):
+    extra = ["--steps", "30", "--batch", "16", "--eval-every", "15", "--ckpt-every", "30"]
+    assert train.main(_args("listops", lra_root, tmp_path, *extra)) == 0
+    rows = _rows(tmp_path)
+    losses = [r["loss"] for r in rows if "loss" in r]
+    assert len(losses) == 30 and np.mean(losses[-10:]) < np.mean(losses[:10]) - 0.05
+    assert [r["step"] for r in rows if "val_acc" in r] == [14, 29]
+    test = [r for r in rows if "test_acc" in r][-1]
+    assert test["test_examples"] == 40 and 0.0 <= test["test_acc"] <= 1.0
+    assert f"test accuracy {100 * test['test_acc']:.2f} %" in capsys.readouterr().out
+    assert (tmp_path / "loss.png").exists()
+
+
+def test_killed_pathfinder_run_resumes_exactly(lra_root, tmp_path):
+    """XLA's attention here (faster on CPU); dropout on, so the dropout keys are checked too."""
+    extra = ["--steps", "6", "--batch", "8", "--ckpt-every", "2", "--eval-every", "3"]
+    extra += ["--attention", "xla"]
+    assert train.main(_args("pathfinder32", lra_root, tmp_path / "whole", *extra)) == 0
+    cut = _args("pathfinder32", lra_root, tmp_path / "cut", *extra)
+    killed = subprocess.run(
+        [sys.executable, "-m", "models.train", *cut, "--kill-at", "5"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert killed.returncode == 1, killed.stderr[-3000:]
+    first = _rows(tmp_path / "cut")
+    assert train.main(cut) == 0
+    whole, rows = _rows(tmp_path / "whole"), _rows(tmp_path / "cut")
+    after = [r for r in rows[len(first) :] if "loss" in r]
+    assert [r["step"] for r in after] == [4, 5]  # from the checkpoint at 4, to the end
+    by_step = {r["step"]: r for r in whole if "loss" in r}
+    for r in after:  # the same examples, dropout masks and hence losses
+        assert r["batch_id"] == by_step[r["step"]]["batch_id"]
+        assert r["loss"] == by_step[r["step"]]["loss"]
+    final = lambda rs: [r for r in rs if r.get("final")][-1]["param_checksum"]  # noqa: E731
+    assert final(rows) == final(whole)
+    test_acc = lambda rs: [r for r in rs if "test_acc" in r][-1]["test_acc"]  # noqa: E731
+    assert test_acc(rows) == test_acc(whole)
