@@ -110,7 +110,7 @@ def test_lengths_not_an_array():
 def test_unknown_implementation():
     expect(
         ValueError,
-        r"implementation must be one of \('triton', 'xla_blockwise', 'xla'\)",
+        r"implementation must be one of \('mosaic', 'triton', 'xla_blockwise', 'xla'\)",
         *qkv(),
         implementation="cudnn",
     )
