@@ -32,6 +32,9 @@ for step in "$@"; do
     masks|sparse|paper|quick) timeout 590 python3 -m benchmarks.bench --suite "$step" \
              --commit "$commit" --run-id "$run_id" --out "$OUT/$step.jsonl" ;;
     hbm) timeout 590 python3 -m benchmarks.hbm --out "$OUT/hbm.jsonl" ;;
+    # Per-kernel time and registers where a mask costs time (segment ids, a boolean mask).
+    profile-masks) timeout 590 python3 -m benchmarks.profile --suite masks \
+             --masks none,segments:1,padding-full,mask-full --out "$OUT/profile-masks.jsonl" ;;
     fa:*) timeout 590 python3 -m benchmarks.bench --suite fa --commit "$commit" \
              --run-id "$run_id" --time-budget "${step#fa:}" --out "$OUT/fa.jsonl" ;;
     *) echo "unknown step $step" ;;

@@ -105,6 +105,25 @@ def test_hbm_parses_ncu_csv_and_counts_compulsory_bytes():
     assert round(hbm.compulsory_bytes(**hbm.SHAPE) / 1e9, 2) == 1.61
 
 
+def test_profile_parses_ncu_csv_per_kernel():
+    from benchmarks import profile
+
+    text = "\n".join(
+        [
+            "==PROF== Connected to process 1",
+            '"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"',
+            '"0","pallas_flash_fwd","gpu__time_duration.sum","ns","2,500"',
+            '"0","pallas_flash_fwd","launch__registers_per_thread","register","168"',
+            '"1","fusion_3","gpu__time_duration.sum","ns","40"',
+        ]
+    )
+    kernels = profile.parse_ncu_kernels(text)
+    assert [k["kernel"] for k in kernels] == ["pallas_flash_fwd", "fusion_3"]
+    assert kernels[0]["gpu__time_duration.sum"] == 2500.0
+    assert kernels[0]["launch__registers_per_thread"] == 168.0
+    assert "launch__registers_per_thread" not in kernels[1]
+
+
 def _row(suite, mask, p, ms, causal=False, head_dim=128):
     return dict(
         suite=suite,

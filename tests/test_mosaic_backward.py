@@ -32,7 +32,8 @@ from pallas_flash.mosaic.config import (
     default_mosaic_bwd_config,
     default_mosaic_config,
 )
-from tests.cases import CASES, Case, tolerance_check
+from tests import test_mosaic
+from tests.cases import Case, tolerance_check
 
 pytestmark = pytest.mark.mosaic  # the GPU run takes these in a step of their own
 
@@ -347,30 +348,9 @@ def test_default_configs_fit_in_shared_memory(head_dim):
 
 # --- compiled, on the H200 -------------------------------------------------------------
 
-# The shared table's cases these kernels serve (16-bit, no segments/dropout/bias/mask/cap),
-# plus head dims 64/128/256 at sizes that fill the pipelines.
-GPU_CASES = [
-    c
-    for c in CASES
-    if mosaic_forward.unsupported(
-        c.dtype,
-        c.head_dim,
-        _spec(c),
-        segments=c.segments is not None,
-        dropout=c.dropout > 0,
-        bias=c.bias is not None,
-        mask=c.mask,
-        softcap=c.softcap is not None,
-    )
-    is None
-] + [
-    Case(2, 1024, 1024, 8, 8, 64, BF16),
-    Case(2, 1024, 1024, 8, 2, 128, F16, causal=True),
-    Case(2, 1000, 1500, 4, 1, 256, BF16, causal=True, bottom_right=True),
-    Case(1, 2048, 2048, 4, 4, 128, BF16, causal=True, q_lens=(2000,), kv_lens=(1900,)),
-    Case(3, 777, 513, 4, 2, 256, F16, q_lens=(777, 400, 0), kv_lens=(513, 1, 300)),
-    Case(2, 4096, 4096, 2, 1, 64, F16, causal=True, window=(512, 0)),
-]
+# The forward's GPU cases: the shared table's cases these kernels serve (16-bit, no
+# segments/dropout/bias/mask/cap), plus head dims 64/128/256 at sizes that fill the pipelines.
+GPU_CASES = test_mosaic.GPU_CASES
 
 
 # O and the logsumexp come from the reference (O cast to the case's dtype), so that a

@@ -1,0 +1,116 @@
+"""Per-kernel time and registers of one jitted forward + backward, from Nsight Compute.
+
+    python -m benchmarks.profile --suite masks --masks none,segments:1 --out F.jsonl
+
+For each selected shape of a suite (and each implementation), a child process compiles
+and warms up one forward + backward, then runs it once between cudaProfilerStart/Stop
+under `ncu --clock-control none`; every kernel of that step becomes a row: its name,
+duration, registers per thread and the occupancy limit the registers set. Where a
+masking argument costs time, this says in which kernel (ours, or XLA's work around
+them) and whether the kernel's register count changed. (Nsight Systems cannot make a
+report on the H200 machine; Nsight Compute works, as `benchmarks/hbm.py` uses it.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+
+METRICS = (
+    "gpu__time_duration.sum",
+    "launch__registers_per_thread",
+    "launch__occupancy_limit_registers",
+    "launch__grid_size",
+)
+
+
+def parse_ncu_kernels(text: str) -> list[dict]:
+    """One dict per profiled kernel (in launch order) of `ncu --csv --print-units base`."""
+    lines = [line for line in text.splitlines() if line.startswith('"')]
+    kernels: dict[str, dict] = collections.OrderedDict()
+    for row in csv.DictReader(io.StringIO("\n".join(lines))):
+        k = kernels.setdefault(row["ID"], {"kernel": row.get("Kernel Name", "?")})
+        name = row.get("Metric Name")
+        if name in METRICS:
+            k[name] = float(row["Metric Value"].replace(",", ""))
+    return list(kernels.values())
+
+
+def child(suite: str, index: int, impl_name: str) -> None:
+    import jax
+
+    from benchmarks import bench, suites
+    from benchmarks.hbm import _profiler
+    from benchmarks.impls import IMPLS
+
+    s = suites.SUITES[suite].shapes[index]
+    q, k, v, do, arrays, static = bench.make_inputs(s, s.dtype)
+    _, fwd_bwd = bench._bind(IMPLS[impl_name], s, static)
+    step = jax.jit(fwd_bwd)
+    jax.block_until_ready(step(q, k, v, do, arrays))
+    start, stop = _profiler()
+    start()
+    jax.block_until_ready(step(q, k, v, do, arrays))
+    stop()
+
+
+def main(argv=None) -> int:
+    from benchmarks import suites
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", choices=sorted(suites.SUITES), required=True)
+    parser.add_argument("--masks", default=None, help="comma-separated mask labels to keep")
+    parser.add_argument("--impls", default="pallas_flash:triton")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--ncu", default="ncu")
+    parser.add_argument("--timeout", type=float, default=240, help="seconds per shape")
+    parser.add_argument("--child", nargs=3, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        suite, index, impl = args.child
+        child(suite, int(index), impl)
+        return 0
+    labels = set(args.masks.split(",")) if args.masks else None
+    # XLA's autotuner crashes under ncu (see ../shared/ANCHORS.md): off, in the child only.
+    env = dict(os.environ, XLA_FLAGS="--xla_gpu_autotune_level=0")
+    for index, s in enumerate(suites.SUITES[args.suite].shapes):
+        if labels is not None and s.mask not in labels:
+            continue
+        for impl in args.impls.split(","):
+            cmd = [args.ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv"]
+            cmd += ["--print-units", "base", "--metrics", ",".join(METRICS), sys.executable]
+            cmd += ["-m", "benchmarks.profile", "--suite", args.suite]
+            cmd += ["--child", args.suite, str(index), impl]
+            row = dict(impl=impl, **s.row(), error=None, kernels=[])
+            try:
+                proc = subprocess.run(
+                    cmd, capture_output=True, text=True, env=env, timeout=args.timeout
+                )
+                row["kernels"] = parse_ncu_kernels(proc.stdout)
+                if proc.returncode or not row["kernels"]:
+                    raise RuntimeError(f"ncu exit {proc.returncode}: {proc.stderr[-300:]}")
+            except Exception as e:  # noqa: BLE001 - recorded, as in the harness
+                row["error"] = f"{type(e).__name__}: {e}"[:400]
+            print(f"== {impl} causal={s.causal} mask={s.mask} {row['error'] or ''}", flush=True)
+            for kern in row["kernels"]:
+                print(
+                    f"  {kern.get('gpu__time_duration.sum', 0) / 1e3:9.1f} us "
+                    f"{kern.get('launch__registers_per_thread', 0):4.0f} regs "
+                    f"(occupancy limit {kern.get('launch__occupancy_limit_registers', 0):.0f}) "
+                    f"{kern['kernel'][:70]}",
+                    flush=True,
+                )
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
