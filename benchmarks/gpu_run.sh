@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: peer wheels, then the steps named as arguments, logs and JSONL under $OUT.
 #   bash benchmarks/gpu_run.sh COMMIT tests memory-ours memory-peers fa:<budget_s> ...
+# Carry .peers (the peer wheels) and, for gpt-parity, data/shakespeare.
 set -u
 commit=$1; shift
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .peers/*.whl \
@@ -37,6 +38,23 @@ for step in "$@"; do
              --masks none,segments:1,padding-full,mask-full --out "$OUT/profile-masks.jsonl" ;;
     fa:*) timeout 590 python3 -m benchmarks.bench --suite fa --commit "$commit" \
              --run-id "$run_id" --time-budget "${step#fa:}" --out "$OUT/fa.jsonl" ;;
+    # Issue 6 on the H200. listops: its data is generated there (no network needed).
+    listops) python3 -m models.data prepare listops > "$OUT/listops-prepare.log" 2>&1
+             timeout 560 python3 -m models.train --task listops --preset lra --max-minutes 7 \
+               --out runs/listops 2>&1 | tr '\r' '\n' | grep -v '^\[' > "$OUT/listops.log"
+             tail -4 "$OUT/listops.log"; cp runs/listops/metrics.jsonl "$OUT/listops.jsonl" ;;
+    # gpt-parity:CTX: the small GPT (6 layers) from one seed with each attention, same
+    # batches; needs data/shakespeare carried (the machine has no network).
+    gpt-parity:*) ctx=${step#gpt-parity:}
+             for att in flash xla cudnn; do
+               timeout 170 python3 -m models.train --preset small --seq-len "$ctx" --batch \
+                 $((16384 / ctx)) --steps 300 --attention "$att" --sample 0 \
+                 --out "runs/parity-$ctx-$att" 2>&1 | tr '\r' '\n' | grep -v '^\[' \
+                 > "$OUT/parity-$ctx-$att.log"; tail -2 "$OUT/parity-$ctx-$att.log"
+               cp "runs/parity-$ctx-$att/metrics.jsonl" "$OUT/parity-$ctx-$att.jsonl"
+             done ;;
+    # Two GPUs (nvidia-h200-x2): ring attention against one GPU.
+    ring) timeout 400 python3 -m benchmarks.ring --out "$OUT/ring.jsonl" ;;
     *) echo "unknown step $step" ;;
   esac
 done
