@@ -55,6 +55,23 @@ for step in "$@"; do
              done ;;
     # Two GPUs (nvidia-h200-x2): ring attention against one GPU.
     ring) timeout 400 python3 -m benchmarks.ring --out "$OUT/ring.jsonl" ;;
+    # Two GPUs: the sharded trainer against one GPU (same seed, same global batch).
+    train-parallel) for mode in "one:" "seq2:--seq-parallel 2" "data2:--data-parallel 2"; do
+               name=${mode%%:*}
+               timeout 180 python3 -m models.train --preset small --steps 300 --batch 16 \
+                 --sample 0 ${mode#*:} --out "runs/par-$name" 2>&1 | tr '\r' '\n' \
+                 | grep -v '^\[' > "$OUT/par-$name.log"; tail -2 "$OUT/par-$name.log"
+               cp "runs/par-$name/metrics.jsonl" "$OUT/par-$name.jsonl"
+             done ;;
+    # train-long:T: a context of T tokens, one GPU against a ring over two.
+    train-long:*) T=${step#train-long:}
+             for mode in "one:" "seq2:--seq-parallel 2"; do
+               name=${mode%%:*}
+               timeout 280 python3 -m models.train --preset small --seq-len "$T" --batch 1 \
+                 --steps 2 --sample 0 ${mode#*:} --out "runs/long-$T-$name" 2>&1 \
+                 | tr '\r' '\n' | grep -v '^\[' > "$OUT/long-$T-$name.log"
+               echo "$name rc=${PIPESTATUS[0]}"; tail -3 "$OUT/long-$T-$name.log"
+             done ;;
     *) echo "unknown step $step" ;;
   esac
 done
