@@ -15,9 +15,7 @@ from jax import lax
 
 from pallas_flash import dropout, masks
 from pallas_flash.configs import BlockwiseConfig
-from pallas_flash.logits import Logits, backward_stats, base2_scores
-
-LN2 = 0.6931471805599453
+from pallas_flash.logits import LN2, Logits, backward_stats, base2_scores
 
 
 def _matmul_kwargs(dtype):

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)  # base-2 logsumexp -> natural log
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import math
 
 import jax.numpy as jnp
 from jax import lax
@@ -12,8 +11,6 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_flash import masks
 from pallas_flash.logits import Logits, base2_scores
-
-LN2 = math.log(2.0)
 
 
 def dot(a, b, *, trans_a: bool = False, trans_b: bool = False):

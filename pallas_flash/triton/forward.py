@@ -23,9 +23,8 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_flash import dropout, masks
 from pallas_flash.configs import TritonConfig, fit_block, padded_head_dim
-from pallas_flash.logits import Logits
+from pallas_flash.logits import LN2, Logits
 from pallas_flash.triton.common import (
-    LN2,
     broadcast_inputs,
     dot,
     dropout_inputs,
