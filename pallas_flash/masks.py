@@ -171,6 +171,20 @@ def kv_tile_range(spec: MaskSpec, q0, block_q: int, block_kv: int, q_len, kv_len
     return _tiles(lo_any, hi_any, lo_all, hi_all, block_kv)
 
 
+def tile_range_table(
+    fn, spec: MaskSpec, q_len, kv_len, num_tiles: int, block_q: int, block_kv: int, span: int
+):
+    """[B, num_tiles, 4] int32: `fn` (kv_tile_range or q_tile_range) of the tiles that start
+    every `span` rows (or keys), for each batch element's lengths; computed in XLA."""
+    starts = jnp.arange(num_tiles, dtype=jnp.int32) * span
+
+    def per_batch(ql, kl):
+        diag = offset(spec, ql, kl)
+        return jax.vmap(lambda x0: jnp.stack(fn(spec, x0, block_q, block_kv, ql, kl, diag)))(starts)
+
+    return jax.vmap(per_batch)(q_len, kv_len).astype(jnp.int32)
+
+
 def q_tile_range(spec: MaskSpec, k0, block_q: int, block_kv: int, q_len, kv_len, diag):
     """Query tiles for the key tile starting at column k0: (lo, full_lo, full_hi, hi)."""
     k_last = k0 + block_kv - 1
@@ -276,15 +290,9 @@ def sparse_tile_lists(
     """
     layout = layout_at_tiles(layout, spec.sparse_block, block_q, block_kv, seq_q, seq_kv)
     _, nq, nk = layout.shape
-    diag = offset(spec, q_len, kv_len)
-    per_q = jnp.arange(nq) * block_q
-    per_kv = jnp.arange(nk) * block_kv
-
-    def bounds(fn, starts, ql, kl, d):
-        return jax.vmap(lambda s: jnp.stack(fn(spec, s, block_q, block_kv, ql, kl, d)))(starts)
-
-    q_b = jax.vmap(lambda ql, kl, d: bounds(kv_tile_range, per_q, ql, kl, d))(q_len, kv_len, diag)
-    k_b = jax.vmap(lambda ql, kl, d: bounds(q_tile_range, per_kv, ql, kl, d))(q_len, kv_len, diag)
+    tiles = (spec, q_len, kv_len)
+    q_b = tile_range_table(kv_tile_range, *tiles, nq, block_q, block_kv, block_q)
+    k_b = tile_range_table(q_tile_range, *tiles, nk, block_q, block_kv, block_kv)
     if segments is not None:
         seg_q, seg_k = segment_tile_ranges(*segments, block_q, block_kv)
         q_b = jnp.stack(

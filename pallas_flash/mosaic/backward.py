@@ -59,13 +59,16 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_flash import masks
 from pallas_flash.logits import LOG2E, Logits, backward_stats
-from pallas_flash.mosaic.config import SMEM_BYTES, MosaicBwdConfig, padded_head_dim
+from pallas_flash.mosaic.config import (
+    CONSUMER_REGISTERS,
+    PRODUCER_REGISTERS,
+    SMEM_BYTES,
+    SWIZZLE,
+    MosaicBwdConfig,
+    padded_head_dim,
+)
 from pallas_flash.mosaic.forward import _pad, unsupported
 
-# Registers per thread, as in the forward pass: 128 * 40 + 256 * 232 <= 65536.
-_PRODUCER_REGISTERS = 40
-_CONSUMER_REGISTERS = 232
-_SWIZZLE = 128  # bytes: the widest shared-memory swizzle, for conflict-free wgmma reads
 _ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per row of a wgmma accumulator
 _COL = plgpu.Layout.WGMMA.reduce(0)  # one value per column
 
@@ -163,7 +166,7 @@ def _dkdv_kernel(
 
     @pl.when(wg == consumers)
     def _producer():
-        plgpu.set_max_registers(_PRODUCER_REGISTERS, action="decrease")
+        plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
         for t in range(tiles):
             keys = (b, pl.ds(k0 + t * bk, bk), kv_head)
             plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[t], kv_ready)
@@ -204,7 +207,7 @@ def _dkdv_kernel(
 
     def consumer(w, does_dv: bool, does_dk: bool):
         """Warpgroup `w` (static or traced) accumulates dV and/or dK of its key tile."""
-        plgpu.set_max_registers(_CONSUMER_REGISTERS, action="increase")
+        plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
         t = 0 if config.split_dkv else w
         kw0 = k0 + t * bk  # the warpgroup's first key
         k_tile, v_tile = k_smem.at[t], v_smem.at[t]
@@ -330,7 +333,7 @@ def _dq_kernel(
 
     @pl.when(wg == consumers)
     def _producer():
-        plgpu.set_max_registers(_PRODUCER_REGISTERS, action="decrease")
+        plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
         kv_head = lax.div(h, jnp.int32(group))
 
         def load(j, _):
@@ -360,7 +363,7 @@ def _dq_kernel(
 
     @pl.when(wg < consumers)
     def _consumer():
-        plgpu.set_max_registers(_CONSUMER_REGISTERS, action="increase")
+        plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
         q0 = (tile * consumers + wg) * bq
         rows_of = (b, pl.ds(q0, bq), h)
         q_tile, do_tile = q_smem.at[wg], do_smem.at[wg]
@@ -413,18 +416,6 @@ def _dq_kernel(
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(q_tile, dq_ref.at[rows_of])
         plgpu.wait_smem_to_gmem(0)
-
-
-def _ranges(fn, spec, q_len, kv_len, num_tiles: int, block_q: int, block_kv: int, span: int):
-    """[B, num_tiles, 4] int32: `fn` (masks.kv_tile_range / q_tile_range) per CTA, whose
-    own tiles start every `span` rows / keys."""
-    starts = jnp.arange(num_tiles, dtype=jnp.int32) * span
-
-    def per_batch(ql, kl):
-        diag = masks.offset(spec, ql, kl)
-        return jax.vmap(lambda x0: jnp.stack(fn(spec, x0, block_q, block_kv, ql, kl, diag)))(starts)
-
-    return jax.vmap(per_batch)(q_len, kv_len).astype(jnp.int32)
 
 
 def _check_fits(config: MosaicBwdConfig, hp: int):
@@ -527,8 +518,8 @@ def backward(
     q_len, kv_len = q_len.astype(jnp.int32), kv_len.astype(jnp.int32)
     inputs = (q_p, k_p, v_p, do_p, lse2, delta)
     transforms = (
-        plgpu.TilingTransform((8, _SWIZZLE // q.dtype.itemsize)),
-        plgpu.SwizzleTransform(_SWIZZLE),
+        plgpu.TilingTransform((8, SWIZZLE // q.dtype.itemsize)),
+        plgpu.SwizzleTransform(SWIZZLE),
     )
     tile = lambda *shape: plgpu.SMEM(shape, q.dtype, transforms=transforms)  # noqa: E731
     params = dict(
@@ -542,7 +533,9 @@ def backward(
     bq, bk, stages = config.block_q_dkv, config.block_kv_dkv, config.num_stages_dkv
     tiles, c_dkv = config.key_tiles_dkv, config.consumers_dkv
     num_spans = s_pad // keys_dkv
-    ranges = _ranges(masks.q_tile_range, spec, q_len, kv_len, num_spans, bq, keys_dkv, keys_dkv)
+    ranges = masks.tile_range_table(
+        masks.q_tile_range, spec, q_len, kv_len, num_spans, bq, keys_dkv, keys_dkv
+    )
     dk, dv = plgpu.kernel(
         functools.partial(_dkdv_kernel, spec=spec, scale=scale, config=config, group=N // K),
         out_type=(
@@ -574,7 +567,9 @@ def backward(
     bq, bk, stages = config.block_q_dq, config.block_kv_dq, config.num_stages_dq
     c_dq = config.consumers_dq
     num_q_tiles = t_pad // rows_dq
-    ranges = _ranges(masks.kv_tile_range, spec, q_len, kv_len, num_q_tiles, rows_dq, bk, rows_dq)
+    ranges = masks.tile_range_table(
+        masks.kv_tile_range, spec, q_len, kv_len, num_q_tiles, rows_dq, bk, rows_dq
+    )
     dq = plgpu.kernel(
         functools.partial(
             _dq_kernel,

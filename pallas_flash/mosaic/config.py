@@ -51,6 +51,12 @@ import dataclasses
 SMEM_BYTES = 227 * 1024
 # Consumer warpgroups per CTA: each owns block_q query rows; a third one loads K/V.
 NUM_CONSUMERS = 2
+# Registers per thread, forward and backward: the producer only issues copies; the
+# consumers hold the accumulators and the score tile. 128 * 40 + 256 * 232 <= 65536,
+# the register file of one SM.
+PRODUCER_REGISTERS = 40
+CONSUMER_REGISTERS = 232
+SWIZZLE = 128  # bytes: the widest shared-memory swizzle, for conflict-free wgmma reads
 # What Mosaic GPU adds: scratch for cross-warp reductions (CompilerParams'
 # reduction_scratch_bytes) and alignment (the estimate below is then within 1 KiB
 # above what Mosaic GPU's lowering reports, checked at head dims 64 to 256).

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -52,16 +51,18 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_flash import masks
-from pallas_flash.logits import LOG2E, Logits
-from pallas_flash.mosaic.config import NUM_CONSUMERS, SMEM_BYTES, MosaicConfig, padded_head_dim
+from pallas_flash.logits import LN2, LOG2E, Logits
+from pallas_flash.mosaic.config import (
+    CONSUMER_REGISTERS,
+    NUM_CONSUMERS,
+    PRODUCER_REGISTERS,
+    SMEM_BYTES,
+    SWIZZLE,
+    MosaicConfig,
+    padded_head_dim,
+)
 
-LN2 = math.log(2.0)
 _PRODUCER = NUM_CONSUMERS  # the producer is the last warpgroup
-# Registers per thread: the producer only issues copies; the consumers hold acc and S.
-# 128 * 40 + 256 * 232 <= 65536, the register file of one SM.
-_PRODUCER_REGISTERS = 40
-_CONSUMER_REGISTERS = 232
-_SWIZZLE = 128  # bytes: the widest shared-memory swizzle, for conflict-free wgmma reads
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
@@ -181,7 +182,7 @@ def _kernel(
 
     @pl.when(wg == _PRODUCER)
     def _producer():
-        plgpu.set_max_registers(_PRODUCER_REGISTERS, action="decrease")
+        plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
         kv_head = lax.div(h, jnp.int32(group))
 
         def load(j, _):
@@ -216,7 +217,7 @@ def _kernel(
 
     @pl.when(wg < _PRODUCER)
     def _consumer():
-        plgpu.set_max_registers(_CONSUMER_REGISTERS, action="increase")
+        plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
         q0 = (tile * NUM_CONSUMERS + wg) * block_q
         q_smem = qo_smem.at[wg]
         plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q0, block_q), h], q_smem, q_ready.at[wg])
@@ -310,19 +311,6 @@ def _kernel(
         plgpu.wait_smem_to_gmem(0)
 
 
-def _tile_ranges(spec, q_len, kv_len, num_tiles: int, rows: int, block_kv: int):
-    """[B, num_tiles, 4] int32: each CTA's key-tile interval (lo, full_lo, full_hi, hi)."""
-    starts = jnp.arange(num_tiles, dtype=jnp.int32) * rows
-
-    def per_batch(ql, kl):
-        diag = masks.offset(spec, ql, kl)
-        return jax.vmap(
-            lambda q0: jnp.stack(masks.kv_tile_range(spec, q0, rows, block_kv, ql, kl, diag))
-        )(starts)
-
-    return jax.vmap(per_batch)(q_len, kv_len).astype(jnp.int32)
-
-
 def _pad(x, seq: int, head_dim: int):
     """Zero-pads [B, L, heads, H] to [B, seq, heads, head_dim] (no copy when whole)."""
     _, length, _, h = x.shape
@@ -390,11 +378,13 @@ def forward(
     s_pad = -(-S // config.block_kv) * config.block_kv
     num_q_tiles = t_pad // rows
     q, k, v = _pad(q, t_pad, hp), _pad(k, s_pad, hp), _pad(v, s_pad, hp)
-    ranges = _tile_ranges(spec, q_len, kv_len, num_q_tiles, rows, config.block_kv)
+    ranges = masks.tile_range_table(
+        masks.kv_tile_range, spec, q_len, kv_len, num_q_tiles, rows, config.block_kv, rows
+    )
 
     transforms = (
-        plgpu.TilingTransform((8, _SWIZZLE // q.dtype.itemsize)),
-        plgpu.SwizzleTransform(_SWIZZLE),
+        plgpu.TilingTransform((8, SWIZZLE // q.dtype.itemsize)),
+        plgpu.SwizzleTransform(SWIZZLE),
     )
     stages = config.num_stages
     scratch = dict(
