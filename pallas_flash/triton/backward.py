@@ -143,32 +143,14 @@ def _dkdv_kernel(
         lse2 = lse_ref[g, pl.ds(q0, block_q)]  # [block_q]
         delta = delta_ref[g, pl.ds(q0, block_q)]  # [block_q]
         rows = (q0 + jnp.arange(block_q))[:, None]
-        bias = keep = None
-        if bias_ref is not None:
-            bias = load_broadcast_tile(
-                bias_ref,
-                g if logits.bias_dims[1] else 0,
-                q0,
-                k0,
-                block_q,
-                block_kv,
-                seq_q,
-                seq_kv,
-                logits.bias_dims,
+
+        def head_tile(ref, dims):  # query head g's tile of a bias or mask (or its broadcast)
+            return load_broadcast_tile(
+                ref, g if dims[1] else 0, q0, k0, block_q, block_kv, seq_q, seq_kv, dims
             )
-        user = None
-        if mask_ref is not None:
-            user = load_broadcast_tile(
-                mask_ref,
-                g if logits.mask_dims[1] else 0,
-                q0,
-                k0,
-                block_q,
-                block_kv,
-                seq_q,
-                seq_kv,
-                logits.mask_dims,
-            )
+
+        bias = None if bias_ref is None else head_tile(bias_ref, logits.bias_dims)
+        user = None if mask_ref is None else head_tile(mask_ref, logits.mask_dims)
         keep = _keep(
             spec, masked, rows, cols, kv_len, diag, functools.partial(segs_of, q0, k0), user
         )
