@@ -40,17 +40,7 @@ pytestmark = pytest.mark.mosaic  # the GPU run takes these in a step of their ow
 BF16, F16 = jnp.bfloat16, jnp.float16
 
 
-def _spec(case: Case) -> masks.MaskSpec:
-    return masks.MaskSpec(
-        causal=case.causal, bottom_right=case.bottom_right, local_window=case.window
-    )
-
-
-def _lengths(case: Case):
-    lens = lambda x: None if x is None else jnp.asarray(x, jnp.int32)  # noqa: E731
-    return masks.lengths_or_full(
-        lens(case.q_lens), lens(case.kv_lens), case.batch, case.seq_q, case.seq_kv
-    )
+_spec, _lengths = test_mosaic._spec, test_mosaic._lengths  # a Case's mask spec and lengths
 
 
 def _seed(case: Case) -> int:
