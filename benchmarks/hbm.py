@@ -72,6 +72,19 @@ def child(impl_name: str) -> None:
     stop()
 
 
+def run_under_ncu(ncu: str, metrics, child_args: list[str], timeout: float):
+    """Runs `python -m <child_args>` under Nsight Compute, collecting `metrics` for every
+    kernel between the child's cudaProfilerStart/Stop (see `_profiler`), as CSV in base
+    units. The clocks stay as they are (`--clock-control none`), and XLA's autotuner is
+    off in the child (XLA crashes under ncu otherwise; see ../shared/ANCHORS.md)."""
+    cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv"]
+    cmd += ["--print-units", "base", "--metrics", ",".join(metrics), sys.executable, "-m"]
+    env = dict(os.environ, XLA_FLAGS="--xla_gpu_autotune_level=0")
+    return subprocess.run(
+        cmd + child_args, capture_output=True, text=True, env=env, check=False, timeout=timeout
+    )
+
+
 def _profiler():
     try:
         import cupy
@@ -101,29 +114,11 @@ def main(argv=None) -> int:
         child(args.child)
         return 0
     need = compulsory_bytes(**SHAPE)
-    env = dict(os.environ, XLA_FLAGS="--xla_gpu_autotune_level=0")
     for name in args.impls.split(","):
-        cmd = [
-            args.ncu,
-            "--clock-control",
-            "none",
-            "--profile-from-start",
-            "off",
-            "--csv",
-            "--print-units",
-            "base",
-            "--metrics",
-            ",".join(METRICS),
-            sys.executable,
-            "-m",
-            "benchmarks.hbm",
-            "--child",
-            name,
-        ]
         row = dict(impl=name, **SHAPE, dtype="float16", compulsory_bytes=need, error=None)
         try:
-            proc = subprocess.run(
-                cmd, capture_output=True, text=True, env=env, check=False, timeout=args.timeout
+            proc = run_under_ncu(
+                args.ncu, METRICS, ["benchmarks.hbm", "--child", name], args.timeout
             )
             totals = parse_ncu_csv(proc.stdout)
             if proc.returncode or not totals["kernels"]:

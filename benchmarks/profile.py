@@ -18,9 +18,9 @@ import collections
 import csv
 import io
 import json
-import os
-import subprocess
 import sys
+
+from benchmarks.hbm import run_under_ncu
 
 METRICS = (
     "gpu__time_duration.sum",
@@ -77,21 +77,15 @@ def main(argv=None) -> int:
         child(suite, int(index), impl)
         return 0
     labels = set(args.masks.split(",")) if args.masks else None
-    # XLA's autotuner crashes under ncu (see ../shared/ANCHORS.md): off, in the child only.
-    env = dict(os.environ, XLA_FLAGS="--xla_gpu_autotune_level=0")
     for index, s in enumerate(suites.SUITES[args.suite].shapes):
         if labels is not None and s.mask not in labels:
             continue
         for impl in args.impls.split(","):
-            cmd = [args.ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv"]
-            cmd += ["--print-units", "base", "--metrics", ",".join(METRICS), sys.executable]
-            cmd += ["-m", "benchmarks.profile", "--suite", args.suite]
-            cmd += ["--child", args.suite, str(index), impl]
+            child_args = ["benchmarks.profile", "--suite", args.suite]
+            child_args += ["--child", args.suite, str(index), impl]
             row = dict(impl=impl, **s.row(), error=None, kernels=[])
             try:
-                proc = subprocess.run(
-                    cmd, capture_output=True, text=True, env=env, timeout=args.timeout
-                )
+                proc = run_under_ncu(args.ncu, METRICS, child_args, args.timeout)
                 row["kernels"] = parse_ncu_kernels(proc.stdout)
                 if proc.returncode or not row["kernels"]:
                     raise RuntimeError(f"ncu exit {proc.returncode}: {proc.stderr[-300:]}")
