@@ -30,6 +30,20 @@ for step in "$@"; do
     memory-peers) timeout 300 python3 -m benchmarks.bench --suite memory --commit "$commit" \
              --run-id "$run_id" --isolate --max-run-seq 262144 --out "$OUT/memory.jsonl" \
              --impls pallas_flash:xla_blockwise,jax.nn:xla,jax.nn:cudnn,tokamax:mosaic,tokamax:triton ;;
+    # tests-K: the compiled tests whose ids match K (pytest -k), e.g. after a kernel change.
+    tests-*) XLA_FLAGS=--xla_gpu_autotune_level=0 XLA_PYTHON_CLIENT_PREALLOCATE=false \
+             timeout 300 python3 -m pytest -m "gpu and not mosaic" -q -p no:cacheprovider \
+             -p no:benchmark -rA -n 8 -k "${step#tests-}" > "$OUT/gpu-$step.log" 2>&1
+           echo "pytest rc=$?"; tail -2 "$OUT/gpu-$step.log" ;;
+    # Ours alone, where the peers add nothing to what is measured (issue 4's overheads).
+    masks-ours|paper-ours) timeout 300 python3 -m benchmarks.bench --suite "${step%-ours}" \
+             --commit "$commit" --run-id "$run_id" --impls pallas_flash:triton \
+             --time-budget 240 --out "$OUT/${step%-ours}.jsonl" ;;
+    # mosaic-fa:HEAD_DIMS: the Hopper kernels against the fastest peers, fa grid, one run.
+    mosaic-fa:*) timeout 300 python3 -m benchmarks.bench --suite fa --commit "$commit" \
+             --run-id "$run_id" --head-dims "${step#mosaic-fa:}" --time-budget 240 \
+             --impls pallas_flash:mosaic,jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3,pallas_flash:triton \
+             --out "$OUT/fa-mosaic.jsonl" ;;
     masks|sparse|paper|quick) timeout 590 python3 -m benchmarks.bench --suite "$step" \
              --commit "$commit" --run-id "$run_id" --out "$OUT/$step.jsonl" ;;
     hbm) timeout 590 python3 -m benchmarks.hbm --out "$OUT/hbm.jsonl" ;;
@@ -38,6 +52,9 @@ for step in "$@"; do
              --masks none,segments:1,padding-full,mask-full --out "$OUT/profile-masks.jsonl" ;;
     fa:*) timeout 590 python3 -m benchmarks.bench --suite fa --commit "$commit" \
              --run-id "$run_id" --time-budget "${step#fa:}" --out "$OUT/fa.jsonl" ;;
+    # Launch configs of the Triton kernels, nearest the defaults first: configs.py's evidence.
+    sweep) timeout 590 python3 -m benchmarks.sweep --commit "$commit" --run-id "$run_id" \
+             --time-budget 540 --out "$OUT/sweep.jsonl" ;;
     # Issue 6 on the H200. listops: its data is generated there (no network needed).
     listops) python3 -m models.data prepare listops > "$OUT/listops-prepare.log" 2>&1
              timeout 560 python3 -m models.train --task listops --preset lra --max-minutes 7 \

@@ -6,6 +6,8 @@ Tables: one per (suite, head dim, causal, mask, pass), implementations as rows, 
 lengths as columns, TFLOP/s in the cells; each of ours gets a second line with its
 ratio to the best peer measured in the same run. The memory suite's table gives
 compiled temporary MiB, with "failed" where an implementation could not compile or run.
+The launch-config sweep's table (benchmarks/sweep.py) sets each default config's time
+against the fastest candidate's, per head dim, causal and pass.
 """
 
 from __future__ import annotations
@@ -235,6 +237,60 @@ def hbm_table(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+def config_label(c: dict) -> str:
+    """A Triton config in a cell: "128x64 w8 s3", or "dkv 64x64 dq 64x64 w4 s2"."""
+    tail = f"w{c['num_warps']} s{c['num_stages']}"
+    if "block_q" in c:
+        return f"{c['block_q']}x{c['block_kv']} {tail}"
+    return (
+        f"dkv {c['block_q_dkv']}x{c['block_kv_dkv']} dq {c['block_q_dq']}x{c['block_kv_dq']} {tail}"
+    )
+
+
+def _ms_cell(r: dict | None) -> str:
+    return f"{r['ms']:.2f} ({r['tflops']:.0f})" if r and r["ms"] else "failed"
+
+
+def sweep_table(rows: list[dict]) -> str:
+    """The launch-config sweep (benchmarks/sweep.py), one table per run: the default
+    config's time against the fastest candidate that matched the default's output."""
+    groups = collections.defaultdict(list)
+    for r in rows:
+        if r.get("suite") == "sweep" and "pass" in r:
+            groups[(r["run_id"], r["head_dim"], r["causal"], r["pass"])].append(r)
+    out = []
+    for run_id in sorted({k[0] for k in groups}):
+        keys = sorted(
+            (k for k in groups if k[0] == run_id), key=lambda k: (k[1], k[2], k[3] != "fwd")
+        )
+        r0 = groups[keys[0]][0]
+        done = sum(len(groups[k]) for k in keys)
+        total = sum(groups[k][0]["candidates"] for k in keys)
+        out += [
+            f"Launch-config sweep of the Triton kernels (run {run_id}, {r0['device']}; "
+            f"B={r0['batch']}, T=S={_seq_label(r0['seq_q'])}, hidden "
+            f"{r0['heads'] * r0['head_dim']}, {r0['dtype']}; "
+            f"{done} of {total} candidates measured): ms (TFLOP/s)",
+            "",
+            "| head dim | causal | pass | default config ms | best config | best ms | speedup |",
+            "|---" * 7 + "|",
+        ]
+        for key in keys:
+            rs = groups[key]
+            default = next((r for r in rs if r["default"]), None)
+            timed = [r for r in rs if r["ms"] and r["check_ok"] and not r["error"]]
+            best = min(timed, key=lambda r: r["ms"], default=None)
+            speedup = ""
+            if best and default and default["ms"]:
+                speedup = f"{default['ms'] / best['ms']:.2f}x"
+            out.append(
+                f"| {key[1]} | {'yes' if key[2] else 'no'} | {key[3]} | {_ms_cell(default)} | "
+                f"{config_label(best['config']) if best else ''} | {_ms_cell(best)} | {speedup} |"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
 def plots(rows: list[dict], folder: str) -> list[str]:
     import matplotlib
 
@@ -295,13 +351,14 @@ def main(argv=None):
     rows = load(args.jsonl)
     bench_rows = [r for r in rows if "suite" in r]
     hbm_rows = [r for r in rows if "suite" not in r]
-    speed = [r for r in bench_rows if r["suite"] not in ("masks", "sparse")]
+    speed = [r for r in bench_rows if r["suite"] not in ("masks", "sparse", "sweep")]
     for text in (
         speed_tables(speed),
         memory_table(bench_rows),
         masks_table(bench_rows),
         sparse_table(bench_rows),
         hbm_table(hbm_rows),
+        sweep_table(bench_rows),
     ):
         if text:
             print(text)

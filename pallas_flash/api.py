@@ -219,10 +219,19 @@ def flash_attention(
         segments = call["segment_ids"]
         if segments is not None:
             segments = tuple(x.astype(jnp.int32) for x in segments)
-        mask8 = None if mask is None else mask.astype(jnp.int8)  # kernels read bytes
         layout = None if call["sparse"] is None else call["sparse"].layout
         out, lse = vjp.attention(
-            plan, query, key, value, q_len, kv_len, segments, seeds, bias, mask8, layout
+            plan,
+            query,
+            key,
+            value,
+            q_len,
+            kv_len,
+            segments,
+            seeds,
+            bias,
+            vjp.kernel_mask(plan, mask),
+            layout,
         )
     if return_residual:
         return out, jnp.swapaxes(lse, 1, 2)  # [B, N, T] -> [B, T, N], as jax.nn

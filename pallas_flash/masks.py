@@ -115,6 +115,31 @@ def dense_mask(
     return jnp.broadcast_to(keep, (q_len.shape[0], seq_q, seq_kv))[:, None]
 
 
+MASK_WORD_BITS = 16  # the Triton kernels' tiles are >= 16 keys wide: whole words
+
+
+def pack_mask_bits(mask):
+    """A boolean mask [..., S] -> int16 words [..., ceil(S / 16)]: bit c of word w is
+    mask[..., 16 w + c] (columns past S are False).
+
+    The Triton kernels read a mask that varies along the keys in this form: a tile costs
+    1/8 of the bytes of an int8 mask, and one XLA fusion packs it once per call, shared
+    by the forward and backward kernels.
+    """
+    pad = -mask.shape[-1] % MASK_WORD_BITS
+    bits = jnp.pad(mask, [(0, 0)] * (mask.ndim - 1) + [(0, pad)])
+    bits = bits.reshape(*bits.shape[:-1], -1, MASK_WORD_BITS).astype(jnp.uint32)
+    words = (bits << jnp.arange(MASK_WORD_BITS, dtype=jnp.uint32)).sum(-1)
+    return lax.bitcast_convert_type(words.astype(jnp.uint16), jnp.int16)
+
+
+def unpack_mask_bits(words, seq_k: int):
+    """The inverse of pack_mask_bits (for tests and the reference checks)."""
+    shifts = jnp.arange(MASK_WORD_BITS, dtype=jnp.int32)
+    bits = (words.astype(jnp.int32)[..., None] >> shifts) & 1
+    return bits.reshape(*words.shape[:-1], -1)[..., :seq_k] != 0
+
+
 def tile_mask(spec: MaskSpec, rows, cols, kv_len, diag, segments=None):
     """Element mask of a tile from absolute positions `rows` [.., bq, 1], `cols` [.., 1, bk].
 

@@ -83,10 +83,20 @@ def attention(
 
     `segments` is None or (query ids [B, T], key ids [B, S]) int32; `seeds` is None or
     the dropout seeds, int32 [2] (dropout.seeds_from_key); `bias` broadcasts to
-    [B, N, T, S]; `mask` (int8, nonzero = attend) too; `layout` is a block-sparse
+    [B, N, T, S]; `mask` too, in kernel_mask's form; `layout` is a block-sparse
     layout, bool [1 or N, T / block_q, S / block_kv] at the configs' tile sizes.
     """
     return _kernels(plan)[0](q, k, v, q_len, kv_len, segments, seeds, bias, mask, layout)
+
+
+def kernel_mask(plan: Plan, mask):
+    """The user's boolean mask (or None) in the form the backend reads, made once per
+    call (outside the custom_vjp) and shared by the forward and backward kernels: the
+    Triton kernels take it bit-packed along the keys when it varies there
+    (masks.pack_mask_bits); every other case takes bytes."""
+    if mask is not None and plan.backend == "triton" and plan.logits.mask_dims[3]:
+        return masks.pack_mask_bits(mask)
+    return None if mask is None else mask.astype(jnp.int8)
 
 
 def _attention_fwd(plan, *args):

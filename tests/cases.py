@@ -40,7 +40,9 @@ class Case:
     segments: tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]] | None = None
     dropout: float = 0.0
     bias: str | None = None  # "full" [B,N,T,S], "heads" [1,N,T,S], "keys" [B,1,1,S]
-    mask: bool = False  # a random boolean mask [B, 1, T, S] (70 % attend)
+    # A random boolean mask (70 % attend): True [B, 1, T, S], "heads" [1, N, T, S],
+    # "rows" [B, 1, T, 1] (constant along the keys: the kernels read it unpacked).
+    mask: bool | str = False
     softcap: float | None = None
 
     @property
@@ -66,7 +68,7 @@ class Case:
         if self.bias:
             parts.append(f"bias-{self.bias}")
         if self.mask:
-            parts.append("mask")
+            parts.append("mask" if self.mask is True else f"mask-{self.mask}")
         if self.softcap:
             parts.append(f"cap{self.softcap}")
         return "_".join(parts).replace(" ", "")
@@ -101,7 +103,8 @@ class Case:
     def mask_array(self):
         if not self.mask:
             return None
-        shape = (self.batch, 1, self.seq_q, self.seq_kv)
+        B, N, T, S = self.batch, self.heads, self.seq_q, self.seq_kv
+        shape = {True: (B, 1, T, S), "heads": (1, N, T, S), "rows": (B, 1, T, 1)}[self.mask]
         return jax.random.bernoulli(jax.random.PRNGKey(5), 0.7, shape)
 
     def inputs(self, seed: int = 0):
@@ -255,6 +258,10 @@ def table() -> list[Case]:
         Case(2, 130, 130, 4, 1, 32, jnp.bfloat16, causal=True, bias="heads"),
         Case(2, 97, 65, 4, 4, 80, jnp.float16, bias="keys", kv_lens=(65, 30)),
         Case(2, 130, 97, 4, 2, 32, jnp.float32, mask=True, q_lens=(130, 60)),
+        # Per-head masks (read per query head in the GQA group's dK/dV program), a key
+        # length that is no multiple of the 16-key mask words, and a mask without a key axis.
+        Case(1, 37, 53, 4, 2, 32, jnp.float32, mask="heads"),
+        Case(2, 70, 45, 2, 1, 16, jnp.bfloat16, causal=True, mask="rows", kv_lens=(45, 20)),
         Case(2, 128, 128, 4, 2, 64, jnp.bfloat16, causal=True, softcap=5.0),
         Case(
             2,

@@ -119,3 +119,19 @@ def test_segments_and_ragged_lengths_match_reference(data):
     for impl in ("triton", "xla_blockwise"):
         for name, g, r, n in zip(("o", "lse", "dq", "dk", "dv"), run_impl(case, impl), ref, naive):
             tolerance_check(f"{impl} {name}", g, r, n, case.dtype)
+
+
+@given(
+    st.integers(1, 70),
+    st.integers(0, 2**31 - 1),
+)
+@settings(derandomize=True, max_examples=40, deadline=None)
+def test_mask_bit_packing_round_trips(seq_k, seed):
+    """The Triton kernels' packed mask: 16 keys per int16 word, the bits past the last
+    key are False, and unpacking gives the mask back."""
+    mask = np.random.default_rng(seed).random((2, 3, seq_k)) < 0.5
+    words = np.asarray(masks.pack_mask_bits(jnp.asarray(mask)))
+    assert words.dtype == np.int16 and words.shape == (2, 3, -(-seq_k // 16))
+    np.testing.assert_array_equal(np.asarray(masks.unpack_mask_bits(words, seq_k)), mask)
+    tail = np.asarray(masks.unpack_mask_bits(words, words.shape[-1] * 16))[..., seq_k:]
+    assert not tail.any()

@@ -35,7 +35,9 @@ from pallas_flash.triton.common import (
     dot,
     dropout_inputs,
     load_broadcast_tile,
+    load_mask_tile,
     load_tile,
+    mask_inputs,
     round_up,
     scores,
     segment_inputs,
@@ -69,7 +71,7 @@ def _keep(spec, masked, rows, cols, kv_len, diag, segs, user):
     the user's mask (a tile, or None) everywhere; None when nothing cuts it."""
     keep = masks.tile_mask(spec, rows, cols, kv_len, diag, segs()) if masked else None
     if user is not None:
-        keep = (user != 0) if keep is None else keep & (user != 0)
+        keep = user if keep is None else keep & user
     return keep
 
 
@@ -144,13 +146,13 @@ def _dkdv_kernel(
         delta = delta_ref[g, pl.ds(q0, block_q)]  # [block_q]
         rows = (q0 + jnp.arange(block_q))[:, None]
 
-        def head_tile(ref, dims):  # query head g's tile of a bias or mask (or its broadcast)
-            return load_broadcast_tile(
-                ref, g if dims[1] else 0, q0, k0, block_q, block_kv, seq_q, seq_kv, dims
-            )
+        def head_tile(load, ref, dims):  # query head g's tile of a bias or mask
+            return load(ref, g if dims[1] else 0, q0, k0, block_q, block_kv, seq_q, seq_kv, dims)
 
-        bias = None if bias_ref is None else head_tile(bias_ref, logits.bias_dims)
-        user = None if mask_ref is None else head_tile(mask_ref, logits.mask_dims)
+        bias = (
+            None if bias_ref is None else head_tile(load_broadcast_tile, bias_ref, logits.bias_dims)
+        )
+        user = None if mask_ref is None else head_tile(load_mask_tile, mask_ref, logits.mask_dims)
         keep = _keep(
             spec, masked, rows, cols, kv_len, diag, functools.partial(segs_of, q0, k0), user
         )
@@ -243,7 +245,7 @@ def _dq_kernel(
             )
         user = None
         if mask_ref is not None:
-            user = load_broadcast_tile(
+            user = load_mask_tile(
                 mask_ref, None, q0, k0, block_q, block_kv, seq_q, seq_kv, logits.mask_dims
             )
         keep = _keep(
@@ -337,7 +339,7 @@ def backward(
             broadcast_inputs(
                 bias, logits.bias_dims, t_pad, s_pad, lambda j, b, h: b, head_of, head_block
             ),
-            broadcast_inputs(
+            mask_inputs(
                 mask, logits.mask_dims, t_pad, s_pad, lambda j, b, h: b, head_of, head_block
             ),
             sparse_inputs(lists, lambda j, b, h: b, head_of, head_block),

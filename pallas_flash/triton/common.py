@@ -197,6 +197,30 @@ def load_broadcast_tile(
     return jnp.broadcast_to(x, (block_r, block_c))
 
 
+def load_mask_tile(ref, head, r0, c0, block_r: int, block_c: int, seq_r: int, seq_c: int, dims):
+    """[block_r, block_c] bool tile of the user's mask (True = attend).
+
+    A mask that varies along the keys arrives bit-packed (masks.pack_mask_bits): the
+    tile's words are loaded and each is spread over its 16 columns. One that does not
+    arrives as int8 [.., 1] and is broadcast.
+    """
+    if not dims[3]:
+        x = load_broadcast_tile(ref, head, r0, c0, block_r, block_c, seq_r, seq_c, dims)
+        return x != 0
+    w = masks.MASK_WORD_BITS
+    words = load_broadcast_tile(
+        ref, head, r0, c0 // w, block_r, block_c // w, seq_r, -(-seq_c // w), dims
+    ).astype(jnp.int32)  # [block_r, block_c / w]; words past the end read as 0
+    bits = (words[:, :, None] >> jnp.arange(w, dtype=jnp.int32)[None, None, :]) & 1
+    return bits.reshape(block_r, block_c) != 0
+
+
+def mask_inputs(mask, dims, t_pad: int, s_pad: int, batch_of, head_of, head_block=None):
+    """BlockSpec and array for the user's mask, in load_mask_tile's form."""
+    cols = s_pad // masks.MASK_WORD_BITS if dims and dims[3] else s_pad
+    return broadcast_inputs(mask, dims, t_pad, cols, batch_of, head_of, head_block)
+
+
 def scores(q, k, *, scale: float, bias=None, softcap=None):
     """Base-2 scores of a tile [block_q, block_kv], and tanh(s / cap) when soft-capped."""
     return base2_scores(dot(q, k, trans_b=True), scale=scale, bias=bias, softcap=softcap)

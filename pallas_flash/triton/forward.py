@@ -29,7 +29,9 @@ from pallas_flash.triton.common import (
     dot,
     dropout_inputs,
     load_broadcast_tile,
+    load_mask_tile,
     load_tile,
+    mask_inputs,
     round_up,
     scores,
     segment_inputs,
@@ -104,10 +106,10 @@ def _forward_kernel(
                 )
             keep = masks.tile_mask(spec, rows, cols, kv_len, diag, segs)
         if mask_ref is not None:  # a user mask can cut any tile
-            user = load_broadcast_tile(
+            user = load_mask_tile(
                 mask_ref, None, q0, k0, block_q, block_kv, seq_q, seq_kv, logits.mask_dims
             )
-            keep = (user != 0) if keep is None else keep & (user != 0)
+            keep = user if keep is None else keep & user
         if keep is not None:
             s = jnp.where(keep, s, -jnp.inf)
         m_new = jnp.maximum(m_i, jnp.max(s, axis=1))  # [block_q]
@@ -169,8 +171,8 @@ def forward(
 ) -> tuple[jax.Array, jax.Array]:
     """Returns O [B, T, N, H] in q's dtype and the logsumexp [B, N, T] float32.
 
-    `bias` and `mask` (int8, nonzero = attend) broadcast to [B, N, T, S] as
-    `logits.bias_dims` / `logits.mask_dims` say.
+    `bias` and `mask` broadcast to [B, N, T, S] as `logits.bias_dims` / `logits.mask_dims`
+    say; `mask` is in load_mask_tile's form (bit-packed along S when it varies there).
     """
     B, T, N, H = q.shape
     _, S, K, _ = k.shape
@@ -210,9 +212,7 @@ def forward(
         broadcast_inputs(
             bias, logits.bias_dims, t_pad, s_pad, lambda i, b, h: b, lambda i, b, h: h
         ),
-        broadcast_inputs(
-            mask, logits.mask_dims, t_pad, s_pad, lambda i, b, h: b, lambda i, b, h: h
-        ),
+        mask_inputs(mask, logits.mask_dims, t_pad, s_pad, lambda i, b, h: b, lambda i, b, h: h),
         sparse_inputs(q_lists, lambda i, b, h: b, lambda i, b, h: h),
     ):
         extra_specs += specs_args[0]

@@ -1,0 +1,339 @@
+"""Launch-config sweep of the Triton-lowered kernels: the evidence for configs.py's table.
+
+    python -m benchmarks.sweep --out benchmarks/results/sweep.jsonl --time-budget 540
+    python -m benchmarks.sweep --tiny --out /tmp/sweep.jsonl   # CPU, interpret mode, tiny
+
+Shapes: FlashAttention-2's grid at one length, bf16, 16k tokens per batch, hidden 2048
+(batch = 16384 // seq, heads = 2048 // head dim), causal off and on. Per (head dim,
+causal, pass) the default config runs first, then the candidates in order of distance
+from it (log2 steps of tiles and warps, plus stage steps): the most plausible first.
+Groups are visited round-robin, each group's k-th candidate before any group's
+(k+1)-th, so that a time budget that stops the sweep leaves every group with its
+nearest candidates measured.
+
+Method: bench.py's. The forward pass times the forward; the backward pass times
+(forward + backward) - forward with the forward at its default config (bench.py's
+"bwd"); TFLOP/s by its convention. Before a candidate is timed, its outputs (O; or dQ,
+dK, dV) are compared once with the default config's on the same inputs (max abs error
+over the default's max magnitude, bench.CHECK_TOL); a candidate off them is recorded
+with check_ok false and not timed. A config that fails to compile (Triton out of
+resources) is a row with its error; one whose shared-memory estimate (smem_bytes)
+exceeds Hopper's 227 KiB is a row with that reason, never compiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import sys
+import time
+import uuid
+
+import jax
+import jax.numpy as jnp
+
+import pallas_flash
+from benchmarks import bench, render, suites
+from benchmarks.impls import Impl
+from pallas_flash import configs
+
+TOKENS = 16384  # per batch: batch = TOKENS // seq
+HIDDEN = 2048  # heads = HIDDEN // head_dim
+SMEM_LIMIT = 227 * 1024  # Hopper's shared memory per thread block (opt-in maximum)
+
+FWD_SPACE = dict(block_q=(64, 128), block_kv=(32, 64, 128), num_warps=(4, 8), num_stages=(2, 3, 4))
+BWD_TILES = (32, 64, 128)  # (block_q, block_kv) pairs, shared by the dK/dV and dQ kernels
+BWD_WARPS = (4, 8)
+BWD_STAGES = (1, 2, 3)
+
+
+def fwd_candidates() -> list[configs.TritonConfig]:
+    return [
+        configs.TritonConfig(**dict(zip(FWD_SPACE, c)))
+        for c in itertools.product(*FWD_SPACE.values())
+    ]
+
+
+def bwd_candidates() -> list[configs.TritonBwdConfig]:
+    """Each tile pair (a, b) as dK/dV's (q, kv) tiles, with dQ's the same (a, b) or
+    mirrored (b, a): each kernel owning a large tile and streaming small ones, as the
+    FlashAttention-2 Triton tutorial's backward does (dK/dV 32 x 128, dQ 128 x 32)."""
+    out = []
+    for (a, b), warps, stages in itertools.product(
+        itertools.product(BWD_TILES, repeat=2), BWD_WARPS, BWD_STAGES
+    ):
+        for dq in dict.fromkeys(((a, b), (b, a))):
+            out.append(
+                configs.TritonBwdConfig(
+                    block_q_dkv=a,
+                    block_kv_dkv=b,
+                    block_q_dq=dq[0],
+                    block_kv_dq=dq[1],
+                    num_warps=warps,
+                    num_stages=stages,
+                )
+            )
+    return out
+
+
+def _axes(c) -> tuple:
+    """A config's coordinates for the distance: log2 of tiles and warps, stages as is."""
+    if isinstance(c, configs.TritonConfig):
+        tiles = (c.block_q, c.block_kv)
+        mirrored = 0
+    else:
+        tiles = (c.block_q_dkv, c.block_kv_dkv)
+        mirrored = int((c.block_q_dq, c.block_kv_dq) != tiles)
+    return (*(math.log2(t) for t in tiles), math.log2(c.num_warps), c.num_stages, mirrored)
+
+
+def ordered(candidates: list, default) -> list:
+    """The default first, then the candidates by L1 distance from it on `_axes`."""
+    d = _axes(default)
+
+    def key(c):
+        return (sum(abs(x - y) for x, y in zip(_axes(c), d)), _axes(c))
+
+    return [default] + sorted((c for c in candidates if c != default), key=key)
+
+
+def smem_bytes(c, head_dim: int, itemsize: int = 2) -> int:
+    """Shared memory a config needs, estimated as Triton's software pipeliner buffers it:
+    a tile the program holds once, a tile it streams num_stages times, hp = head dim
+    padded to a power of two:
+      forward: (block_q + 2 * num_stages * block_kv) * hp * itemsize   (Q; K, V streamed)
+      dK/dV:   (2 * block_kv + 2 * num_stages * block_q) * hp * itemsize (K, V; Q, dO)
+      dQ:      (2 * block_q + 2 * num_stages * block_kv) * hp * itemsize (Q, dO; K, V)
+    the backward's is the larger of its two kernels. Triton's layout-conversion scratch
+    is left out: a config under the limit may still fail to compile, and is recorded so.
+    """
+    hp = configs.padded_head_dim(head_dim)
+    s = c.num_stages
+    if isinstance(c, configs.TritonConfig):
+        tiles = c.block_q + 2 * s * c.block_kv
+    else:
+        tiles = max(
+            2 * c.block_kv_dkv + 2 * s * c.block_q_dkv, 2 * c.block_q_dq + 2 * s * c.block_kv_dq
+        )
+    return tiles * hp * itemsize
+
+
+@dataclasses.dataclass
+class Group:
+    """One (shape, pass): its ordered candidates and the default config's outputs."""
+
+    shape: suites.Shape
+    pass_: str
+    candidates: list
+    want: tuple | None = None  # the default config's outputs, once it has run
+
+
+def groups(head_dims, seq: int, passes, tiny: bool) -> list[Group]:
+    """Per head dim, causal off and on, each pass (tiny: one head dim 32, 2 candidates)."""
+    out = []
+    for head_dim in head_dims:
+        if tiny:
+            shape = suites.Shape(1, 128, 128, 2, 2, 32, False)
+        else:
+            shape = suites.Shape(
+                TOKENS // seq, seq, seq, HIDDEN // head_dim, HIDDEN // head_dim, head_dim, False
+            )
+        for causal in (False, True):
+            for p in passes:
+                s = shape.replace(causal=causal)
+                if p == "fwd":
+                    default = configs.default_triton_config(s.head_dim, s.dtype)
+                    cands = ordered(fwd_candidates(), default)
+                else:
+                    default = configs.default_triton_bwd_config(s.head_dim, s.dtype)
+                    cands = ordered(bwd_candidates(), default)
+                out.append(Group(s, p, cands[:2] if tiny else cands))
+        if tiny:
+            break  # one tiny head dim
+    return out
+
+
+def _impl(c) -> Impl:
+    """Our Triton backend with this config (the forward at its default for a backward one)."""
+    kw = {"config": c} if isinstance(c, configs.TritonConfig) else {"backward_config": c}
+
+    def fn(q, k, v, *, causal, **extra):
+        return pallas_flash.flash_attention(
+            q, k, v, is_causal=causal, implementation="triton", **kw, **extra
+        )
+
+    return Impl("pallas_flash:triton", fn)
+
+
+def compare(got, want) -> tuple[float, str]:
+    """Worst max abs error over the reference's max magnitude, and which output it is."""
+    names = ("o",) if len(got) == 1 else ("dq", "dk", "dv")
+    worst = (0.0, names[0])
+    for name, g, w in zip(names, got, want):
+        g, w = g.astype(jnp.float32), w.astype(jnp.float32)
+        if not bool(jnp.isfinite(g).all()):
+            return float("nan"), name
+        scale = max(float(jnp.max(jnp.abs(w))), 1e-6)
+        worst = max(worst, (float(jnp.max(jnp.abs(g - w))) / scale, name))
+    return worst
+
+
+def measure(g: Group, rank: int, inputs, fwd_time, timing: dict) -> dict:
+    """One candidate's row: skipped, failed, off the default's output, or timed."""
+    c = g.candidates[rank]
+    s = g.shape
+    smem = smem_bytes(c, s.head_dim, jnp.dtype(s.dtype).itemsize)
+    row = dict(
+        impl="pallas_flash:triton",
+        **s.row(),
+        dtype=jnp.dtype(s.dtype).name,
+        **{"pass": g.pass_},
+        config=dataclasses.asdict(c),
+        default=rank == 0,
+        candidate=rank,
+        candidates=len(g.candidates),
+        smem_kib=smem // 1024,
+        ms=None,
+        tflops=None,
+        check_err=None,
+        check_worst=None,
+        check_ok=None,
+        error=None,
+    )
+    if smem > SMEM_LIMIT:
+        row["error"] = f"shared memory estimate {smem // 1024} KiB > 227 KiB: not compiled"
+        return row
+    if rank > 0 and g.want is None:
+        row["error"] = "the default config failed: nothing to check against"
+        return row
+    q, k, v, do, arrays, static = inputs
+    fwd, fwd_bwd = bench._bind(_impl(c), s, static)
+    f, args = (
+        (jax.jit(fwd), (q, k, v, arrays))
+        if g.pass_ == "fwd"
+        else (jax.jit(fwd_bwd), (q, k, v, do, arrays))
+    )
+    try:
+        got = f(*args)
+        got = (got,) if g.pass_ == "fwd" else tuple(got)
+        if rank == 0:  # the default is the reference: only checked to be finite
+            err, worst = compare(got, got)
+            g.want = got if math.isfinite(err) else None
+        else:
+            err, worst = compare(got, g.want)
+        row.update(check_err=err, check_worst=worst, check_ok=bool(err <= bench.CHECK_TOL))
+        if not row["check_ok"]:
+            return row
+        t = bench.time_fn(f, args, **timing)
+        if g.pass_ == "bwd":
+            t -= fwd_time()
+    except Exception as e:  # noqa: BLE001 - a config that cannot compile is a result
+        row["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        return row
+    if t <= 0:  # tiny shapes: fwd+bwd within noise of fwd alone
+        row["error"] = "below timing noise: fwd+bwd <= fwd"
+        return row
+    flops = bench.attention_flops(s) * (2.5 if g.pass_ == "bwd" else 1.0)
+    return dict(row, ms=t * 1e3, tflops=flops / t / 1e12)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="JSONL file to append to")
+    parser.add_argument("--head-dims", default="64,128,256", help="comma-separated")
+    parser.add_argument("--seq", type=int, default=8192, help="sequence length (divides 16384)")
+    parser.add_argument("--passes", default="fwd,bwd", help="comma-separated: fwd, bwd")
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        help="seconds; stop starting new candidates after this (rows so far stay)",
+    )
+    parser.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny, 2 per pass")
+    parser.add_argument("--commit", default=None)
+    parser.add_argument("--run-id", default=None)
+    args = parser.parse_args(argv)
+    head_dims = [int(h) for h in args.head_dims.split(",")]
+    passes = args.passes.split(",")
+    if set(passes) - {"fwd", "bwd"}:
+        parser.error(f"--passes must be fwd and/or bwd, got {args.passes!r}")
+    if TOKENS % args.seq or any(HIDDEN % h for h in head_dims):
+        parser.error(f"--seq must divide {TOKENS} and each head dim {HIDDEN}")
+
+    start = time.perf_counter()
+    run_id = args.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    head = dict(run_id=run_id, suite="sweep", **bench.environment(args.commit))
+    timing = dict(warmup=1, rounds=1, calls=1) if args.tiny else {}
+    todo = groups(head_dims, args.seq, passes, args.tiny)
+    inputs = {}  # per head dim: causal off and on share them
+    fwd_times = {}  # per (head dim, causal): the default forward's seconds
+
+    def fwd_time(s: suites.Shape) -> float:
+        key = (s.head_dim, s.causal)
+        if key not in fwd_times:
+            c = configs.default_triton_config(s.head_dim, s.dtype)
+            q, k, v, _, arrays, static = inputs[s.head_dim]
+            fwd, _ = bench._bind(_impl(c), s, static)
+            fwd_times[key] = bench.time_fn(jax.jit(fwd), (q, k, v, arrays), **timing)
+        return fwd_times[key]
+
+    out = open(args.out, "a") if args.out else None  # noqa: SIM115 - appended row by row
+    rows, measured, total = [], 0, sum(len(g.candidates) for g in todo)
+    stopped = False
+    for rank in range(max(len(g.candidates) for g in todo)):
+        for g in todo:
+            if rank >= len(g.candidates):
+                continue
+            if args.time_budget is not None and time.perf_counter() - start > args.time_budget:
+                stopped = True
+                break
+            s = g.shape
+            if s.head_dim not in inputs:
+                inputs[s.head_dim] = bench.make_inputs(s, s.dtype)
+            row = dict(
+                head, **measure(g, rank, inputs[s.head_dim], lambda s=s: fwd_time(s), timing)
+            )
+            if row["default"] and row["pass"] == "fwd" and row["ms"]:
+                fwd_times.setdefault((s.head_dim, s.causal), row["ms"] / 1e3)
+            rows.append(row)
+            measured += 1
+            print(_summary(row), flush=True)
+            if out:
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+        if stopped:
+            break
+    elapsed = time.perf_counter() - start
+    status = dict(
+        head,
+        status="time budget spent" if stopped else "complete",
+        measured=measured,
+        total=total,
+        elapsed_s=round(elapsed, 1),
+        time_budget_s=args.time_budget,
+    )
+    print(f"{status['status']}: {measured} of {total} candidates in {elapsed:.0f} s", flush=True)
+    if out:
+        out.write(json.dumps(status) + "\n")
+        out.close()
+    print(render.sweep_table(rows), flush=True)
+    return 0
+
+
+def _summary(row) -> str:
+    shape = f"h{row['head_dim']:<3d} {'causal' if row['causal'] else 'full':6s} {row['pass']:3s}"
+    label = f"#{row['candidate']:<3d} {render.config_label(row['config']):28s}"
+    if row["error"]:
+        return f"{shape} {label} ERROR {row['error'][:120]}"
+    if not row["check_ok"]:
+        return (
+            f"{shape} {label} off the default's output: {row['check_worst']} {row['check_err']:.3g}"
+        )
+    return f"{shape} {label} {row['ms']:9.3f} ms {row['tflops']:6.1f} TFLOP/s"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
