@@ -263,6 +263,12 @@ def main(argv=None):
         "--masks", default=None, help="comma-separated mask labels to keep (default: all)"
     )
     parser.add_argument(
+        "--causal",
+        choices=("true", "false"),
+        default=None,
+        help="keep only causal (true) or only non-causal (false) shapes (default: both)",
+    )
+    parser.add_argument(
         "--isolate",
         action="store_true",
         help="memory suite: one process per implementation, so that the "
@@ -293,6 +299,8 @@ def main(argv=None):
     if args.masks:
         labels = set(args.masks.split(","))
         shapes = tuple(s for s in shapes if s.mask in labels)
+    if args.causal:
+        shapes = tuple(s for s in shapes if s.causal == (args.causal == "true"))
     start = time.perf_counter()
     for s in shapes:
         if args.time_budget and time.perf_counter() - start > args.time_budget:

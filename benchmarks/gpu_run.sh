@@ -22,8 +22,10 @@ for step in "$@"; do
              tests/test_mosaic_backward.py -x -q -p no:cacheprovider -p no:benchmark \
              -k "b2_t1024_s1024_n8k8_h64 and (regs or p-regs)" \
              > "$OUT/mosaic-smoke.log" 2>&1; echo "pytest rc=$?"; tail -3 "$OUT/mosaic-smoke.log" ;;
-    mosaic-tests) XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 500 python3 -m pytest -m gpu \
-             tests/test_mosaic.py tests/test_mosaic_backward.py -q -p no:cacheprovider -p no:benchmark -rA -n 4 \
+    # -v: each result is logged as it lands, so a timeout still leaves what had passed.
+    mosaic-tests) XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "${MOSAIC_TESTS_TIMEOUT:-500}" \
+             python3 -m pytest -m gpu tests/test_mosaic.py tests/test_mosaic_backward.py -v \
+             -p no:cacheprovider -p no:benchmark -rA -n 8 \
              > "$OUT/mosaic-tests.log" 2>&1; echo "pytest rc=$?"; tail -3 "$OUT/mosaic-tests.log" ;;
     memory-ours) timeout 200 python3 -m benchmarks.bench --suite memory --commit "$commit" \
              --run-id "$run_id" --impls pallas_flash:triton --out "$OUT/memory.jsonl" ;;
@@ -35,14 +37,18 @@ for step in "$@"; do
              timeout 300 python3 -m pytest -m "gpu and not mosaic" -q -p no:cacheprovider \
              -p no:benchmark -rA -n 8 -k "${step#tests-}" > "$OUT/gpu-$step.log" 2>&1
            echo "pytest rc=$?"; tail -2 "$OUT/gpu-$step.log" ;;
-    # Ours alone, where the peers add nothing to what is measured (issue 4's overheads).
-    masks-ours|paper-ours) timeout 300 python3 -m benchmarks.bench --suite "${step%-ours}" \
+    # Ours alone, where the peers add nothing to what is measured (issue 4's overheads);
+    # masks-ours:LABELS / paper-ours:LABELS keep those mask labels only.
+    masks-ours*|paper-ours*) suite=${step%%-ours*}; labels=${step#*-ours}; labels=${labels#:}
+             timeout 300 python3 -m benchmarks.bench --suite "$suite" \
              --commit "$commit" --run-id "$run_id" --impls pallas_flash:triton \
-             --time-budget 240 --out "$OUT/${step%-ours}.jsonl" ;;
-    # mosaic-fa:HEAD_DIMS: the Hopper kernels against the fastest peers, fa grid, one run.
-    mosaic-fa:*) timeout 300 python3 -m benchmarks.bench --suite fa --commit "$commit" \
-             --run-id "$run_id" --head-dims "${step#mosaic-fa:}" --time-budget 240 \
-             --impls pallas_flash:mosaic,jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3,pallas_flash:triton \
+             ${labels:+--masks "$labels"} --time-budget 240 --out "$OUT/$suite.jsonl" ;;
+    # mosaic-fa:HEAD_DIMS[:CAUSAL]: the Hopper kernels against the fastest peers, fa grid.
+    mosaic-fa:*) hd=${step#mosaic-fa:}; causal=${hd#*:}; [ "$causal" = "$hd" ] && causal=
+             timeout 300 python3 -m benchmarks.bench --suite fa --commit "$commit" \
+             --run-id "$run_id" --head-dims "${hd%%:*}" ${causal:+--causal "$causal"} \
+             --time-budget "${MOSAIC_FA_BUDGET:-240}" \
+             --impls "${MOSAIC_FA_IMPLS:-pallas_flash:mosaic,jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3,pallas_flash:triton}" \
              --out "$OUT/fa-mosaic.jsonl" ;;
     masks|sparse|paper|quick) timeout 590 python3 -m benchmarks.bench --suite "$step" \
              --commit "$commit" --run-id "$run_id" --out "$OUT/$step.jsonl" ;;

@@ -5,7 +5,8 @@ valid lengths and, for segment ids, per-tile metadata (dynamic, linear in the se
 length), and from those derive for each tile pair whether it is skipped (no loads, no
 FLOPs), fully visible (no mask applied) or on a boundary (masked element-wise). Every
 constraint makes the visible key tiles of a query tile an interval, and the fully
-visible ones a sub-interval, so a kernel runs three loops: masked, unmasked, masked.
+visible ones a sub-interval: a kernel loops over the unmasked tiles, then over the
+boundary tiles on either side of them, masked.
 The reference builds the same mask densely with `dense_mask`.
 
 Positions. Query row i and key column j are aligned through a per-batch `offset`:
