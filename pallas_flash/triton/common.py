@@ -71,9 +71,12 @@ def interval_loops(body, bounds, carry):
     [lo, full_lo) and [full_hi, hi), masked, in one loop.
 
     `body(j, carry, masked=...)`; `bounds` is masks.kv_tile_range's or q_tile_range's.
-    Two loops, not three: every extra loop is more code for Triton to pipeline and
-    allocate registers across, and with segment ids (whose bounds are all traced) a third
-    loop made the backward 16 % slower at T = 8k even when it ran no iteration.
+    Two loops, not three (masked, unmasked, masked): with segment ids every bound is
+    traced, so all three loops were emitted, and the backward at T = 8k ran 1.16x the
+    unmasked time with a single segment, where the third loop runs no iteration
+    (benchmarks/results/masks-fa74dc8.jsonl). With two loops it is 1.01x, and the causal
+    backward, which had three loops too, went from 4.23 to 4.00 ms
+    (masks-38e3e75.jsonl, the next run on the same H200).
     """
     lo, full_lo, full_hi, hi = bounds
     carry = lax.fori_loop(full_lo, full_hi, functools.partial(body, masked=False), carry)
