@@ -239,7 +239,21 @@ def hbm_table(rows: list[dict]) -> str:
 
 
 def config_label(c: dict) -> str:
-    """A Triton config in a cell: "128x64 w8 s3", or "dkv 64x64 dq 64x64 w4 s2"."""
+    """A config in a cell. Triton: "128x64 w8 s3", or "dkv 64x64 dq 64x64 w4 s2".
+    Mosaic: "64x128 s2" (block_q per warpgroup x block_kv, stages; "no-pingpong",
+    "p-smem" where set), or "dkv 2x64 q64 s2 dq 2x64 kv64 s2" (warpgroups x their
+    tile, the streamed tile, stages; "split" where dV and dK split the warpgroups)."""
+    if "schedule_barrier" in c:
+        flags = ("" if c["schedule_barrier"] else " no-pingpong") + (
+            "" if c.get("p_in_registers", True) else " p-smem"
+        )
+        return f"{c['block_q']}x{c['block_kv']} s{c['num_stages']}{flags}"
+    if "consumers_dkv" in c:
+        tiles = 1 if c["split_dkv"] else c["consumers_dkv"]
+        dkv = f"dkv {tiles}x{c['block_kv_dkv']} q{c['block_q_dkv']} s{c['num_stages_dkv']}"
+        dq = f"dq {c['consumers_dq']}x{c['block_q_dq']} kv{c['block_kv_dq']} s{c['num_stages_dq']}"
+        smem = "" if c.get("operands_in_registers", True) else " ops-smem"
+        return f"{dkv}{' split' if c['split_dkv'] else ''} {dq}{smem}"
     tail = f"w{c['num_warps']} s{c['num_stages']}"
     if "block_q" in c:
         return f"{c['block_q']}x{c['block_kv']} {tail}"
@@ -252,23 +266,30 @@ def _ms_cell(r: dict | None) -> str:
     return f"{r['ms']:.2f} ({r['tflops']:.0f})" if r and r["ms"] else "failed"
 
 
+SWEEP_FAMILIES = {"triton": "Triton", "mosaic": "Mosaic GPU"}
+
+
 def sweep_table(rows: list[dict]) -> str:
-    """The launch-config sweep (benchmarks/sweep.py), one table per run: the default
-    config's time against the fastest candidate that matched the default's output."""
+    """The launch-config sweep (benchmarks/sweep.py), one table per run and kernel
+    family: the default config's time against the fastest candidate that matched the
+    default's output. Rows without a family are the Triton family's (the first sweeps)."""
     groups = collections.defaultdict(list)
     for r in rows:
         if r.get("suite") == "sweep" and "pass" in r:
-            groups[(r["run_id"], r["head_dim"], r["causal"], r["pass"])].append(r)
+            family = r.get("family", "triton")
+            groups[(r["run_id"], family, r["head_dim"], r["causal"], r["pass"])].append(r)
     out = []
-    for run_id in sorted({k[0] for k in groups}):
+    for run_id, family in sorted({k[:2] for k in groups}):
         keys = sorted(
-            (k for k in groups if k[0] == run_id), key=lambda k: (k[1], k[2], k[3] != "fwd")
+            (k for k in groups if k[:2] == (run_id, family)),
+            key=lambda k: (k[2], k[3], k[4] != "fwd"),
         )
         r0 = groups[keys[0]][0]
         done = sum(len(groups[k]) for k in keys)
         total = sum(groups[k][0]["candidates"] for k in keys)
         out += [
-            f"Launch-config sweep of the Triton kernels (run {run_id}, {r0['device']}; "
+            f"Launch-config sweep of the {SWEEP_FAMILIES.get(family, family)} kernels "
+            f"(run {run_id}, {r0['device']}; "
             f"B={r0['batch']}, T=S={_seq_label(r0['seq_q'])}, hidden "
             f"{r0['heads'] * r0['head_dim']}, {r0['dtype']}; "
             f"{done} of {total} candidates measured): ms (TFLOP/s)",
@@ -285,7 +306,7 @@ def sweep_table(rows: list[dict]) -> str:
             if best and default and default["ms"]:
                 speedup = f"{default['ms'] / best['ms']:.2f}x"
             out.append(
-                f"| {key[1]} | {'yes' if key[2] else 'no'} | {key[3]} | {_ms_cell(default)} | "
+                f"| {key[2]} | {'yes' if key[3] else 'no'} | {key[4]} | {_ms_cell(default)} | "
                 f"{config_label(best['config']) if best else ''} | {_ms_cell(best)} | {speedup} |"
             )
         out.append("")
@@ -302,14 +323,19 @@ def plots(rows: list[dict], folder: str) -> list[str]:
     speed = [r for r in rows if r["suite"] != "memory" and not r["error"] and r["tflops"]]
     panels = sorted({(r["suite"], r["head_dim"], r["causal"], r["mask"]) for r in speed}, key=str)
     for suite, hd, causal, mask in panels:
+        panel = [
+            r
+            for r in speed
+            if (r["suite"], r["head_dim"], r["causal"], r["mask"]) == (suite, hd, causal, mask)
+        ]
+        # One run per plot (peers compare only within a run): the newest that has the panel.
+        newest = max(r["run_id"] for r in panel)
+        panel = [r for r in panel if r["run_id"] == newest]
+        if len({r["seq_q"] for r in panel}) < 2:
+            continue  # a single length makes no curve
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
         for ax, p in zip(axes, ("fwd", "bwd")):
-            sel = [
-                r
-                for r in speed
-                if (r["suite"], r["head_dim"], r["causal"], r["mask"], r["pass"])
-                == (suite, hd, causal, mask, p)
-            ]
+            sel = [r for r in panel if r["pass"] == p]
             for impl in sorted({r["impl"] for r in sel}):
                 pts = sorted((r["seq_q"], r["tflops"]) for r in sel if r["impl"] == impl)
                 ax.plot(*zip(*pts), marker="o", label=impl, lw=2.5 if _ours(impl) else 1.2)
