@@ -176,6 +176,37 @@ def masks_table(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+def mask_layouts_table(rows: list[dict]) -> str:
+    """benchmarks.mask_layouts: each in-kernel mask layout's time over the unmasked
+    kernel's, same run."""
+    rows = [r for r in rows if r.get("suite") == "mask-layouts" and r["ms"] and not r["error"]]
+    if not rows:
+        return ""
+    base = {(r["causal"], r["pass"]): r["ms"] for r in rows if r["layout"] is None}
+    cols = [(c, m) for c in (False, True) for m in ("mask-full", "mask")]
+    out = [
+        "Boolean mask layouts: time relative to the unmasked kernel, same run",
+        "",
+        "| layout | pass | "
+        + " | ".join(f"{'causal' if c else 'full'} {m}" for c, m in cols)
+        + " |",
+        "|---" * (len(cols) + 2) + "|",
+    ]
+    for layout in dict.fromkeys(r["layout"] for r in rows if r["layout"]):
+        for p in PASSES:
+            got = {
+                (r["causal"], r["mask"]): r["ms"]
+                for r in rows
+                if r["layout"] == layout and r["pass"] == p
+            }
+            cells = [
+                f"{got[c, m] / base[c, p]:.2f}x" if (c, m) in got and (c, p) in base else ""
+                for c, m in cols
+            ]
+            out.append(f"| {layout} | {p} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
 def sparse_table(rows: list[dict]) -> str:
     """Block-sparse time against density x dense time (issue 4: within 1.25x), and a
     sliding window against causal."""
@@ -331,8 +362,6 @@ def plots(rows: list[dict], folder: str) -> list[str]:
         # One run per plot (peers compare only within a run): the newest that has the panel.
         newest = max(r["run_id"] for r in panel)
         panel = [r for r in panel if r["run_id"] == newest]
-        if len({r["seq_q"] for r in panel}) < 2:
-            continue  # a single length makes no curve
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
         for ax, p in zip(axes, ("fwd", "bwd")):
             sel = [r for r in panel if r["pass"] == p]
@@ -378,11 +407,14 @@ def main(argv=None):
     rows = load(args.jsonl)
     bench_rows = [r for r in rows if "suite" in r]
     hbm_rows = [r for r in rows if "suite" not in r]
-    speed = [r for r in bench_rows if r["suite"] not in ("masks", "sparse", "sweep")]
+    speed = [
+        r for r in bench_rows if r["suite"] not in ("masks", "sparse", "sweep", "mask-layouts")
+    ]
     for text in (
         speed_tables(speed),
         memory_table(bench_rows),
         masks_table(bench_rows),
+        mask_layouts_table(bench_rows),
         sparse_table(bench_rows),
         hbm_table(hbm_rows),
         sweep_table(bench_rows),

@@ -162,3 +162,21 @@ def test_masks_sparse_and_hbm_tables():
         error=None,
     )
     assert "| pallas_flash:triton | 1.50 | 0.50 | 2.00 | 1.24x |" in render.hbm_table([hbm])
+
+
+@pytest.mark.kernel
+def test_mask_layouts_experiment_runs_and_checks_each_layout(tmp_path):
+    """benchmarks.mask_layouts: every alternative mask layout matches the reference
+    (interpret mode) and writes its rows, so the GPU comparison cannot rot."""
+    from benchmarks import mask_layouts
+
+    out = tmp_path / "layouts.jsonl"
+    assert mask_layouts.main(["--tiny", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    layouts = {r["layout"] for r in rows}
+    assert layouts == {None, *mask_layouts.LAYOUTS}
+    for r in rows:
+        assert r["error"] is None or r["error"].startswith("below timing noise"), r
+        assert r["check_ok"], (r["layout"], r["check_err"], r["check_worst"])
+    table = render.mask_layouts_table(rows)
+    assert all(f"| {name} |" in table for name in mask_layouts.LAYOUTS), table
