@@ -50,6 +50,9 @@ for step in "$@"; do
              --time-budget "${MOSAIC_FA_BUDGET:-240}" \
              --impls "${MOSAIC_FA_IMPLS:-pallas_flash:mosaic,jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3,pallas_flash:triton}" \
              --out "$OUT/fa-mosaic.jsonl" ;;
+    # Issue 4: which in-kernel layout of a boolean mask costs least (benchmarks/mask_layouts.py).
+    mask-layouts) timeout 400 python3 -m benchmarks.mask_layouts --commit "$commit" \
+             --run-id "$run_id" --out "$OUT/mask-layouts.jsonl" ;;
     masks|sparse|paper|quick) timeout 590 python3 -m benchmarks.bench --suite "$step" \
              --commit "$commit" --run-id "$run_id" --out "$OUT/$step.jsonl" ;;
     hbm) timeout 590 python3 -m benchmarks.hbm --out "$OUT/hbm.jsonl" ;;
@@ -61,6 +64,11 @@ for step in "$@"; do
     # Launch configs of the Triton kernels, nearest the defaults first: configs.py's evidence.
     sweep) timeout 590 python3 -m benchmarks.sweep --commit "$commit" --run-id "$run_id" \
              --time-budget 540 --out "$OUT/sweep.jsonl" ;;
+    # The Mosaic GPU kernels' configs (mosaic/config.py's tables). Candidates run in the
+    # sweep's one process, which checks its budget before each; a barrier bug hangs
+    # rather than fails, and this timeout is what ends it (rows so far are written).
+    sweep-mosaic) timeout 590 python3 -m benchmarks.sweep --family mosaic --commit "$commit" \
+             --run-id "$run_id" --time-budget 540 --out "$OUT/sweep-mosaic.jsonl" ;;
     # Issue 6 on the H200. listops: its data is generated there (no network needed).
     listops) python3 -m models.data prepare listops > "$OUT/listops-prepare.log" 2>&1
              timeout 560 python3 -m models.train --task listops --preset lra --max-minutes 7 \

@@ -1,24 +1,40 @@
-"""Launch-config sweep of the Triton-lowered kernels: the evidence for configs.py's table.
+"""Launch-config sweep of our Pallas kernels: the evidence for the default-config tables.
 
     python -m benchmarks.sweep --out benchmarks/results/sweep.jsonl --time-budget 540
+    python -m benchmarks.sweep --family mosaic --out benchmarks/results/sweep-mosaic.jsonl
     python -m benchmarks.sweep --tiny --out /tmp/sweep.jsonl   # CPU, interpret mode, tiny
+
+Families: "triton" sweeps the Triton-lowered kernels' TritonConfig / TritonBwdConfig
+(configs.py's table); "mosaic" the Mosaic GPU (Hopper) kernels' MosaicConfig /
+MosaicBwdConfig (mosaic/config.py's tables): forward tiles, pipeline stages and FA3's
+ping-pong; backward tiles, stages and warpgroups of the dK/dV and dQ kernels, each
+kernel's part varied around the default with the other's at its default (the two
+kernels run one after the other, so their times add: the best of each part combine).
 
 Shapes: FlashAttention-2's grid at one length, bf16, 16k tokens per batch, hidden 2048
 (batch = 16384 // seq, heads = 2048 // head dim), causal off and on. Per (head dim,
 causal, pass) the default config runs first, then the candidates in order of distance
-from it (log2 steps of tiles and warps, plus stage steps): the most plausible first.
-Groups are visited round-robin, each group's k-th candidate before any group's
-(k+1)-th, so that a time budget that stops the sweep leaves every group with its
-nearest candidates measured.
+from it (Triton: log2 steps of tiles and warps, plus stage steps; Mosaic: 64-wide tile
+steps, stage, warpgroup and flag steps): the most plausible first. Groups are visited
+round-robin, each group's k-th candidate before any group's (k+1)-th, so that a time
+budget that stops the sweep leaves every group with its nearest candidates measured.
 
 Method: bench.py's. The forward pass times the forward; the backward pass times
 (forward + backward) - forward with the forward at its default config (bench.py's
 "bwd"); TFLOP/s by its convention. Before a candidate is timed, its outputs (O; or dQ,
 dK, dV) are compared once with the default config's on the same inputs (max abs error
 over the default's max magnitude, bench.CHECK_TOL); a candidate off them is recorded
-with check_ok false and not timed. A config that fails to compile (Triton out of
-resources) is a row with its error; one whose shared-memory estimate (smem_bytes)
-exceeds Hopper's 227 KiB is a row with that reason, never compiled.
+with check_ok false and not timed. A config that fails to trace or compile (Triton out
+of resources, a Mosaic kernel's register or lowering check) is a row with its error;
+one whose shared-memory estimate exceeds Hopper's 227 KiB (Triton: `smem_bytes` below;
+Mosaic: the config's own `smem_bytes*` against SMEM_BYTES) is a row with that reason,
+never compiled.
+
+Hangs: candidates run in this process, and a Mosaic kernel with a barrier bug hangs
+rather than fails. The time budget is checked before every candidate, and each
+candidate's label is printed before it runs, so a hang leaves its name last in the log;
+the guard against the hang itself is the caller's timeout (gpu_run.sh's `timeout`
+around the sweep steps). Rows are written as they land, so what ran before stays.
 """
 
 from __future__ import annotations
@@ -39,7 +55,9 @@ import pallas_flash
 from benchmarks import bench, render, suites
 from benchmarks.impls import Impl
 from pallas_flash import configs
+from pallas_flash.mosaic import config as mosaic_config
 
+FAMILIES = ("triton", "mosaic")
 TOKENS = 16384  # per batch: batch = TOKENS // seq
 HIDDEN = 2048  # heads = HIDDEN // head_dim
 SMEM_LIMIT = 227 * 1024  # Hopper's shared memory per thread block (opt-in maximum)
@@ -48,6 +66,23 @@ FWD_SPACE = dict(block_q=(64, 128), block_kv=(32, 64, 128), num_warps=(4, 8), nu
 BWD_TILES = (32, 64, 128)  # (block_q, block_kv) pairs, shared by the dK/dV and dQ kernels
 BWD_WARPS = (4, 8)
 BWD_STAGES = (1, 2, 3)
+
+# Mosaic GPU: P always in registers (FA3's form) on the GPU; 2 consumer warpgroups fixed.
+MOSAIC_FWD_SPACE = dict(
+    block_q=(64, 128),
+    block_kv=(64, 128, 192, 256),
+    num_stages=(2, 3, 4),
+    schedule_barrier=(True, False),
+    rescale_before_turn=(False, True),
+)
+# The backward's two kernels, each varied with the other at its default.
+MOSAIC_DKV_SPACE = dict(
+    block_q_dkv=(64, 128), block_kv_dkv=(64, 128), num_stages_dkv=(2, 3), consumers_dkv=(1, 2)
+)
+MOSAIC_DQ_SPACE = dict(
+    block_q_dq=(64, 128), block_kv_dq=(64, 128), num_stages_dq=(2, 3), consumers_dq=(1, 2)
+)
+MOSAIC_BWD_CHANGES = 2  # fields changed in one kernel's part at most: neighbours, pairs
 
 
 def fwd_candidates() -> list[configs.TritonConfig]:
@@ -79,8 +114,86 @@ def bwd_candidates() -> list[configs.TritonBwdConfig]:
     return out
 
 
+def mosaic_fwd_candidates() -> list[configs.MosaicConfig]:
+    return [
+        configs.MosaicConfig(**dict(zip(MOSAIC_FWD_SPACE, c)))
+        for c in itertools.product(*MOSAIC_FWD_SPACE.values())
+    ]
+
+
+def mosaic_bwd_candidates(head_dim: int) -> list[configs.MosaicBwdConfig]:
+    """The default with its dK/dV part changed in up to MOSAIC_BWD_CHANGES fields, or
+    its dQ part, never both. split_dkv (two warpgroups sharing a key tile, one on dV,
+    one on dK) joins the dK/dV fields at padded head dims >= 192, where the default
+    splits; below, it stays the default's. Combinations the config rejects (a split
+    with one warpgroup) are left out."""
+    default = configs.default_mosaic_bwd_config(head_dim)
+    split = (default.split_dkv,)
+    if mosaic_config.padded_head_dim(head_dim) >= 192:
+        split = tuple(dict.fromkeys((default.split_dkv, not default.split_dkv)))
+    out = {}
+    for space in (dict(MOSAIC_DKV_SPACE, split_dkv=split), MOSAIC_DQ_SPACE):
+        for values in itertools.product(*space.values()):
+            change = {f: v for f, v in zip(space, values) if getattr(default, f) != v}
+            if len(change) > MOSAIC_BWD_CHANGES:
+                continue
+            try:
+                out[dataclasses.replace(default, **change)] = None
+            except ValueError:  # split_dkv with consumers_dkv=1
+                continue
+    return list(out)
+
+
+def candidates(family: str, pass_: str, head_dim: int) -> list:
+    """A (family, pass)'s candidate configs at this head dim, unordered."""
+    if family == "mosaic":
+        return mosaic_fwd_candidates() if pass_ == "fwd" else mosaic_bwd_candidates(head_dim)
+    return fwd_candidates() if pass_ == "fwd" else bwd_candidates()
+
+
+def default_config(family: str, pass_: str, head_dim: int, dtype=jnp.bfloat16):
+    """The default-config table's row that the API would pick."""
+    if family == "mosaic":
+        if pass_ == "fwd":
+            return configs.default_mosaic_config(head_dim)
+        return configs.default_mosaic_bwd_config(head_dim)
+    if pass_ == "fwd":
+        return configs.default_triton_config(head_dim, dtype)
+    return configs.default_triton_bwd_config(head_dim, dtype)
+
+
+def interpretable(c):
+    """The config as GPU interpret mode runs it: P and the backward's matmul operands
+    staged through shared memory (the interpreter's wgmma reads no registers)."""
+    if isinstance(c, configs.MosaicConfig):
+        return dataclasses.replace(c, p_in_registers=False)
+    if isinstance(c, configs.MosaicBwdConfig):
+        return dataclasses.replace(c, operands_in_registers=False)
+    return c
+
+
 def _axes(c) -> tuple:
-    """A config's coordinates for the distance: log2 of tiles and warps, stages as is."""
+    """A config's coordinates for the distance. Triton: log2 of tiles and warps, stages
+    as is. Mosaic: tiles in steps of 64 (wgmma's M), stages and warpgroups as is, flags
+    0 or 1."""
+    if isinstance(c, configs.MosaicConfig):
+        return (
+            c.block_q / 64,
+            c.block_kv / 64,
+            c.num_stages,
+            int(not c.schedule_barrier),
+            int(c.rescale_before_turn),
+        )
+    if isinstance(c, configs.MosaicBwdConfig):
+        return (
+            *(t / 64 for t in (c.block_q_dkv, c.block_kv_dkv)),
+            c.num_stages_dkv,
+            c.consumers_dkv,
+            int(c.split_dkv),
+            *(t / 64 for t in (c.block_q_dq, c.block_kv_dq)),
+            c.num_stages_dq,
+            c.consumers_dq,
+        )
     if isinstance(c, configs.TritonConfig):
         tiles = (c.block_q, c.block_kv)
         mirrored = 0
@@ -109,7 +222,14 @@ def smem_bytes(c, head_dim: int, itemsize: int = 2) -> int:
       dQ:      (2 * block_q + 2 * num_stages * block_kv) * hp * itemsize (Q, dO; K, V)
     the backward's is the larger of its two kernels. Triton's layout-conversion scratch
     is left out: a config under the limit may still fail to compile, and is recorded so.
+    A Mosaic config gives its own (`smem_bytes`; the backward's larger of
+    `smem_bytes_dkv` and `smem_bytes_dq`) at the head dim padded to a multiple of 64.
     """
+    if isinstance(c, configs.MosaicConfig):
+        return c.smem_bytes(mosaic_config.padded_head_dim(head_dim), itemsize)
+    if isinstance(c, configs.MosaicBwdConfig):
+        hp = mosaic_config.padded_head_dim(head_dim)
+        return max(c.smem_bytes_dkv(hp, itemsize), c.smem_bytes_dq(hp, itemsize))
     hp = configs.padded_head_dim(head_dim)
     s = c.num_stages
     if isinstance(c, configs.TritonConfig):
@@ -128,15 +248,24 @@ class Group:
     shape: suites.Shape
     pass_: str
     candidates: list
+    family: str = "triton"
     want: tuple | None = None  # the default config's outputs, once it has run
 
 
-def groups(head_dims, seq: int, passes, tiny: bool) -> list[Group]:
-    """Per head dim, causal off and on, each pass (tiny: one head dim 32, 2 candidates)."""
+# --tiny: one small shape per family that its kernels run in interpret mode on CPU.
+TINY_SHAPES = {
+    "triton": suites.Shape(1, 128, 128, 2, 2, 32, False),
+    "mosaic": suites.Shape(1, 128, 128, 1, 1, 64, False),  # wgmma wants head dims of 64k
+}
+
+
+def groups(head_dims, seq: int, passes, tiny: bool, family: str = "triton") -> list[Group]:
+    """Per head dim, causal off and on, each pass (tiny: one tiny shape, 2 candidates,
+    as interpret mode runs them)."""
     out = []
     for head_dim in head_dims:
         if tiny:
-            shape = suites.Shape(1, 128, 128, 2, 2, 32, False)
+            shape = TINY_SHAPES[family]
         else:
             shape = suites.Shape(
                 TOKENS // seq, seq, seq, HIDDEN // head_dim, HIDDEN // head_dim, head_dim, False
@@ -144,28 +273,33 @@ def groups(head_dims, seq: int, passes, tiny: bool) -> list[Group]:
         for causal in (False, True):
             for p in passes:
                 s = shape.replace(causal=causal)
-                if p == "fwd":
-                    default = configs.default_triton_config(s.head_dim, s.dtype)
-                    cands = ordered(fwd_candidates(), default)
-                else:
-                    default = configs.default_triton_bwd_config(s.head_dim, s.dtype)
-                    cands = ordered(bwd_candidates(), default)
-                out.append(Group(s, p, cands[:2] if tiny else cands))
+                default = default_config(family, p, s.head_dim, s.dtype)
+                cands = ordered(candidates(family, p, s.head_dim), default)
+                if tiny:
+                    cands = [interpretable(c) for c in cands[:2]]
+                out.append(Group(s, p, cands, family))
         if tiny:
             break  # one tiny head dim
     return out
 
 
+def _family(c) -> str:
+    return "mosaic" if isinstance(c, (configs.MosaicConfig, configs.MosaicBwdConfig)) else "triton"
+
+
 def _impl(c) -> Impl:
-    """Our Triton backend with this config (the forward at its default for a backward one)."""
-    kw = {"config": c} if isinstance(c, configs.TritonConfig) else {"backward_config": c}
+    """Our backend of this config's family with it (the forward at its default for a
+    backward one)."""
+    forward = isinstance(c, (configs.TritonConfig, configs.MosaicConfig))
+    kw = {"config": c} if forward else {"backward_config": c}
+    family = _family(c)
 
     def fn(q, k, v, *, causal, **extra):
         return pallas_flash.flash_attention(
-            q, k, v, is_causal=causal, implementation="triton", **kw, **extra
+            q, k, v, is_causal=causal, implementation=family, **kw, **extra
         )
 
-    return Impl("pallas_flash:triton", fn)
+    return Impl(f"pallas_flash:{family}", fn)
 
 
 def compare(got, want) -> tuple[float, str]:
@@ -187,7 +321,8 @@ def measure(g: Group, rank: int, inputs, fwd_time, timing: dict) -> dict:
     s = g.shape
     smem = smem_bytes(c, s.head_dim, jnp.dtype(s.dtype).itemsize)
     row = dict(
-        impl="pallas_flash:triton",
+        impl=f"pallas_flash:{g.family}",
+        family=g.family,
         **s.row(),
         dtype=jnp.dtype(s.dtype).name,
         **{"pass": g.pass_},
@@ -203,8 +338,11 @@ def measure(g: Group, rank: int, inputs, fwd_time, timing: dict) -> dict:
         check_ok=None,
         error=None,
     )
-    if smem > SMEM_LIMIT:
-        row["error"] = f"shared memory estimate {smem // 1024} KiB > 227 KiB: not compiled"
+    limit = mosaic_config.SMEM_BYTES if g.family == "mosaic" else SMEM_LIMIT
+    if smem > limit:
+        row["error"] = (
+            f"shared memory estimate {smem // 1024} KiB > {limit // 1024} KiB: not compiled"
+        )
         return row
     if rank > 0 and g.want is None:
         row["error"] = "the default config failed: nothing to check against"
@@ -231,6 +369,7 @@ def measure(g: Group, rank: int, inputs, fwd_time, timing: dict) -> dict:
         if g.pass_ == "bwd":
             t -= fwd_time()
     except Exception as e:  # noqa: BLE001 - a config that cannot compile is a result
+        # (Mosaic: its register check and lowering errors raise here, at trace time)
         row["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
         return row
     if t <= 0:  # tiny shapes: fwd+bwd within noise of fwd alone
@@ -243,6 +382,12 @@ def measure(g: Group, rank: int, inputs, fwd_time, timing: dict) -> dict:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="JSONL file to append to")
+    parser.add_argument(
+        "--family",
+        default="triton",
+        choices=FAMILIES,
+        help="whose configs: the Triton kernels' or the Mosaic GPU (Hopper) kernels'",
+    )
     parser.add_argument("--head-dims", default="64,128,256", help="comma-separated")
     parser.add_argument("--seq", type=int, default=8192, help="sequence length (divides 16384)")
     parser.add_argument("--passes", default="fwd,bwd", help="comma-separated: fwd, bwd")
@@ -267,14 +412,15 @@ def main(argv=None):
     run_id = args.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     head = dict(run_id=run_id, suite="sweep", **bench.environment(args.commit))
     timing = dict(warmup=1, rounds=1, calls=1) if args.tiny else {}
-    todo = groups(head_dims, args.seq, passes, args.tiny)
+    todo = groups(head_dims, args.seq, passes, args.tiny, args.family)
     inputs = {}  # per head dim: causal off and on share them
     fwd_times = {}  # per (head dim, causal): the default forward's seconds
 
     def fwd_time(s: suites.Shape) -> float:
         key = (s.head_dim, s.causal)
         if key not in fwd_times:
-            c = configs.default_triton_config(s.head_dim, s.dtype)
+            c = default_config(args.family, "fwd", s.head_dim, s.dtype)
+            c = interpretable(c) if args.tiny else c
             q, k, v, _, arrays, static = inputs[s.head_dim]
             fwd, _ = bench._bind(_impl(c), s, static)
             fwd_times[key] = bench.time_fn(jax.jit(fwd), (q, k, v, arrays), **timing)
@@ -287,12 +433,15 @@ def main(argv=None):
         for g in todo:
             if rank >= len(g.candidates):
                 continue
+            # Before every candidate: a budget spent stops the sweep between candidates.
             if args.time_budget is not None and time.perf_counter() - start > args.time_budget:
                 stopped = True
                 break
             s = g.shape
             if s.head_dim not in inputs:
                 inputs[s.head_dim] = bench.make_inputs(s, s.dtype)
+            # The label first, so that a candidate that hangs is the last thing logged.
+            print(_where(s, g.pass_, rank, g.candidates[rank]), end=" ", flush=True)
             row = dict(
                 head, **measure(g, rank, inputs[s.head_dim], lambda s=s: fwd_time(s), timing)
             )
@@ -300,7 +449,7 @@ def main(argv=None):
                 fwd_times.setdefault((s.head_dim, s.causal), row["ms"] / 1e3)
             rows.append(row)
             measured += 1
-            print(_summary(row), flush=True)
+            print(_result(row), flush=True)
             if out:
                 out.write(json.dumps(row) + "\n")
                 out.flush()
@@ -309,6 +458,7 @@ def main(argv=None):
     elapsed = time.perf_counter() - start
     status = dict(
         head,
+        family=args.family,
         status="time budget spent" if stopped else "complete",
         measured=measured,
         total=total,
@@ -323,16 +473,17 @@ def main(argv=None):
     return 0
 
 
-def _summary(row) -> str:
-    shape = f"h{row['head_dim']:<3d} {'causal' if row['causal'] else 'full':6s} {row['pass']:3s}"
-    label = f"#{row['candidate']:<3d} {render.config_label(row['config']):28s}"
+def _where(s: suites.Shape, pass_: str, rank: int, c) -> str:
+    shape = f"h{s.head_dim:<3d} {'causal' if s.causal else 'full':6s} {pass_:3s}"
+    return f"{shape} #{rank:<3d} {render.config_label(dataclasses.asdict(c)):28s}"
+
+
+def _result(row) -> str:
     if row["error"]:
-        return f"{shape} {label} ERROR {row['error'][:120]}"
+        return f"ERROR {row['error'][:120]}"
     if not row["check_ok"]:
-        return (
-            f"{shape} {label} off the default's output: {row['check_worst']} {row['check_err']:.3g}"
-        )
-    return f"{shape} {label} {row['ms']:9.3f} ms {row['tflops']:6.1f} TFLOP/s"
+        return f"off the default's output: {row['check_worst']} {row['check_err']:.3g}"
+    return f"{row['ms']:9.3f} ms {row['tflops']:6.1f} TFLOP/s"
 
 
 if __name__ == "__main__":

@@ -112,11 +112,13 @@ PIPELINES = [
     MosaicConfig(block_q=64, block_kv=64, num_stages=2, schedule_barrier=False),
     MosaicConfig(block_q=64, block_kv=128, num_stages=2),
     MosaicConfig(block_q=128, block_kv=64, num_stages=2),
+    MosaicConfig(block_q=64, block_kv=64, num_stages=2, rescale_before_turn=True),
 ]
 
 
 def _config_id(c: MosaicConfig) -> str:
     extra = ("" if c.schedule_barrier else "-no-pingpong") + ("" if c.p_in_registers else "-p-smem")
+    extra += "-rescale-early" if c.rescale_before_turn else ""
     return f"q{c.block_q}-kv{c.block_kv}-stages{c.num_stages}{extra}"
 
 
@@ -262,13 +264,21 @@ LOWERINGS = {
 }
 
 
-@pytest.mark.parametrize("p_in_registers", [True, False], ids=["p-regs", "p-smem"])
+@pytest.mark.parametrize(
+    "p_in_registers,rescale_early",
+    [(True, False), (False, False), (True, True)],
+    ids=["p-regs", "p-smem", "p-regs-rescale-early"],
+)
 @pytest.mark.parametrize("head_dim,dtype,spec", LOWERINGS.values(), ids=LOWERINGS.keys())
-def test_compiled_kernel_lowers_for_hopper(head_dim, dtype, spec, p_in_registers):
+def test_compiled_kernel_lowers_for_hopper(head_dim, dtype, spec, p_in_registers, rescale_early):
     """Lowering for CUDA runs on CPU: Pallas to the Mosaic GPU dialect, its layout
     inference for sm_90, the lowering of that dialect and the shared-memory check. What
     is left for the GPU: LLVM/PTX code generation, ptxas, and running it."""
-    config = dataclasses.replace(default_mosaic_config(head_dim), p_in_registers=p_in_registers)
+    config = dataclasses.replace(
+        default_mosaic_config(head_dim),
+        p_in_registers=p_in_registers,
+        rescale_before_turn=rescale_early,
+    )
 
     def f(q, k, v, q_len, kv_len):
         return mosaic_forward.forward(

@@ -1,13 +1,16 @@
-"""The launch-config sweep runs end to end on CPU (interpret mode, tiny) and renders."""
+"""The launch-config sweep runs end to end on CPU (interpret mode, tiny) and renders,
+for the Triton kernels and the Mosaic GPU kernels (in Pallas's GPU interpret mode)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from benchmarks import render, sweep
 from pallas_flash import configs
+from pallas_flash.mosaic.config import SMEM_BYTES
 
 KEYS = {
     "run_id",
@@ -16,6 +19,7 @@ KEYS = {
     "jax",
     "commit",
     "impl",
+    "family",
     "pass",
     "batch",
     "seq_q",
@@ -43,6 +47,7 @@ def test_sweep_tiny_runs_and_renders(tmp_path):
     assert status["status"] == "complete" and status["measured"] == status["total"] == 8
     # causal off and on, fwd and bwd, the default and one candidate each
     assert len(rows) == 8 and all(KEYS <= set(r) for r in rows)
+    assert {r["family"] for r in rows} == {status["family"]} == {"triton"}
     assert sum(r["default"] for r in rows) == 4
     assert all(r["check_ok"] and r["check_err"] < 1e-2 for r in rows)
     # a compiled tiny backward can be faster than the timer resolves (bench.py's rule)
@@ -53,15 +58,50 @@ def test_sweep_tiny_runs_and_renders(tmp_path):
     assert {tuple(r["config"].values()) for r in fwd} == {(128, 64, 4, 3), (64, 64, 4, 3)}
     table = render.sweep_table(rows + [status])
     assert "| head dim | causal | pass | default config ms |" in table
+    assert "sweep of the Triton kernels" in table
     assert table.count("| 32 |") == 4 and "| 32 | yes | bwd |" in table
 
 
-def test_sweep_stops_at_time_budget(tmp_path):
+@pytest.mark.kernel
+@pytest.mark.mosaic  # on a GPU, not in the `tests` step: a barrier bug hangs, not fails
+def test_sweep_tiny_mosaic_runs_and_renders(tmp_path):
     out = tmp_path / "sweep.jsonl"
-    assert sweep.main(["--tiny", "--time-budget", "0", "--out", str(out)]) == 0
+    assert sweep.main(["--tiny", "--family", "mosaic", "--out", str(out)]) == 0
+    *rows, status = [json.loads(line) for line in out.read_text().splitlines()]
+    assert status["status"] == "complete" and status["measured"] == status["total"] == 8
+    assert len(rows) == 8 and all(KEYS <= set(r) for r in rows)
+    assert {r["family"] for r in rows} == {status["family"]} == {"mosaic"}
+    assert {r["impl"] for r in rows} == {"pallas_flash:mosaic"}
+    assert sum(r["default"] for r in rows) == 4
+    assert all(r["check_ok"] and r["check_err"] < 1e-2 for r in rows)
+    assert all(r["ms"] > 0 for r in rows if not r["error"])
+    assert all(r["error"].startswith("below timing noise") for r in rows if r["error"])
+    # the default and its nearest candidate, as interpret mode runs them (P in shared memory)
+    fwd = [r for r in rows if r["pass"] == "fwd"]
+    assert {tuple(r["config"].values()) for r in fwd} == {
+        (64, 128, 2, True, False, False),
+        (64, 64, 2, True, False, False),
+    }
+    default_bwd = dataclasses.replace(
+        configs.default_mosaic_bwd_config(64), operands_in_registers=False
+    )
+    bwd = [r for r in rows if r["pass"] == "bwd"]
+    assert all(r["config"] == dataclasses.asdict(default_bwd) for r in bwd if r["default"])
+    assert all(not r["config"]["operands_in_registers"] for r in bwd)
+    table = render.sweep_table(rows + [status])
+    assert "sweep of the Mosaic GPU kernels" in table and "Triton" not in table
+    assert table.count("| 64 |") == 4 and "| 64 | yes | bwd |" in table
+
+
+@pytest.mark.parametrize("family", ["triton", "mosaic"])
+def test_sweep_stops_at_time_budget(tmp_path, family):
+    out = tmp_path / "sweep.jsonl"
+    argv = ["--tiny", "--family", family, "--time-budget", "0", "--out", str(out)]
+    assert sweep.main(argv) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows == [rows[0]] and rows[0]["status"] == "time budget spent"
     assert rows[0]["measured"] == 0 and rows[0]["total"] == 8
+    assert rows[0]["family"] == family
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -76,6 +116,51 @@ def test_candidates_start_at_the_default_and_it_fits(head_dim):
     # Q once, K and V in 4 stages at head dim 256: 576 KiB, never compiled
     big = configs.TritonConfig(block_q=128, block_kv=128, num_warps=8, num_stages=4)
     assert sweep.smem_bytes(big, 256) == (128 + 8 * 128) * 256 * 2 > sweep.SMEM_LIMIT
+
+
+DKV_FIELDS = ("block_q_dkv", "block_kv_dkv", "num_stages_dkv", "consumers_dkv", "split_dkv")
+DQ_FIELDS = ("block_q_dq", "block_kv_dq", "num_stages_dq", "consumers_dq")
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_mosaic_candidates_start_at_the_default_and_it_fits(head_dim):
+    fwd_default = configs.default_mosaic_config(head_dim)
+    fwd = sweep.ordered(sweep.candidates("mosaic", "fwd", head_dim), fwd_default)
+    assert fwd[0] == fwd_default and len(set(fwd)) == len(fwd) == 2 * 4 * 3 * 2 * 2
+    assert all(c.p_in_registers for c in fwd)
+    assert sum(a != b for a, b in zip(sweep._axes(fwd[1]), sweep._axes(fwd_default))) == 1
+
+    default = configs.default_mosaic_bwd_config(head_dim)
+    bwd = sweep.ordered(sweep.candidates("mosaic", "bwd", head_dim), default)
+    assert bwd[0] == default and len(set(bwd)) == len(bwd)
+    changes = []
+    for c in bwd:
+        changed = {f for f in DKV_FIELDS + DQ_FIELDS if getattr(c, f) != getattr(default, f)}
+        # one kernel's part at a time, in at most two fields: neighbours, then pairs
+        assert changed <= set(DKV_FIELDS) or changed <= set(DQ_FIELDS)
+        changes.append(len(changed))
+    assert changes == sorted(changes) and changes[0] == 0 and max(changes) == 2
+    assert changes.count(1) >= 8  # each of the 8 two-valued fields, at least once each way
+    split = {c.split_dkv for c in bwd}
+    assert split == ({False, True} if head_dim >= 192 else {False})
+
+    for c in (fwd_default, default):
+        assert sweep.smem_bytes(c, head_dim) <= SMEM_BYTES
+    # the configs' own estimates, at the head dim padded to a multiple of 64
+    assert sweep.smem_bytes(default, 80) == max(
+        default.smem_bytes_dkv(128), default.smem_bytes_dq(128)
+    )
+
+
+def test_mosaic_over_shared_memory_is_a_row_never_compiled():
+    # K and V in 2 stages of 128 keys at head dim 256: 256 KiB, over Hopper's 227 KiB
+    big = configs.MosaicConfig(block_q=64, block_kv=128, num_stages=2)
+    assert sweep.smem_bytes(big, 256) == big.smem_bytes(256) > SMEM_BYTES
+    shape = sweep.TINY_SHAPES["mosaic"].replace(head_dim=256)
+    group = sweep.Group(shape, "fwd", [configs.default_mosaic_config(256), big], "mosaic")
+    row = sweep.measure(group, 1, inputs=None, fwd_time=None, timing={})  # nothing runs
+    assert row["error"].endswith("> 227 KiB: not compiled") and row["ms"] is None
+    assert row["family"] == "mosaic" and row["smem_kib"] == big.smem_bytes(256) // 1024
 
 
 def test_sweep_table_speedup():
@@ -104,3 +189,43 @@ def test_sweep_table_speedup():
     table = render.sweep_table(rows)
     assert "| 128 | no | fwd | 2.00 (1) | 64x64 w8 s3 | 1.60 (1) | 1.25x |" in table
     assert "3 of 3 candidates measured" in table
+
+
+def test_sweep_table_one_per_family():
+    def row(family, config, ms, default):
+        return dict(
+            run_id="r",
+            suite="sweep",
+            family=family,
+            device="H200",
+            batch=2,
+            seq_q=8192,
+            heads=16,
+            head_dim=128,
+            dtype="bfloat16",
+            causal=True,
+            candidates=2,
+            config=dataclasses.asdict(config),
+            default=default,
+            ms=ms,
+            tflops=2.0 / ms,
+            check_ok=True,
+            error=None,
+        ) | {"pass": "bwd"}
+
+    split = configs.MosaicBwdConfig(split_dkv=True, consumers_dq=1, num_stages_dq=3)
+    rows = [
+        row("triton", configs.TritonBwdConfig(), 4.0, True),
+        row("triton", configs.TritonBwdConfig(num_warps=8), 3.0, False),
+        row("mosaic", configs.MosaicBwdConfig(), 2.0, True),
+        row("mosaic", split, 1.0, False),
+    ]
+    table = render.sweep_table(rows)
+    tables = {t.split(" kernels")[0]: t for t in table.split("Launch-config sweep of the ")[1:]}
+    triton, mosaic = tables.pop("Triton"), tables.pop("Mosaic GPU")
+    assert not tables
+    assert "| 128 | yes | bwd | 4.00 (0) | dkv 64x64 dq 64x64 w8 s2 | 3.00 (1) | 1.33x |" in triton
+    assert (
+        "| 128 | yes | bwd | 2.00 (1) | dkv 1x64 q64 s2 split dq 1x64 kv64 s3 | 1.00 (2) | 2.00x |"
+        in mosaic
+    )

@@ -74,6 +74,10 @@ class MosaicConfig:
       tensor cores, so one's softmax overlaps the other's matmuls.
     p_in_registers: P V takes P from registers (FA3's choice); False stages P through
       shared memory, the only form GPU interpret mode can run (see forward.py).
+    rescale_before_turn: rescale the accumulator and cast P to 16 bits before handing
+      the tensor cores to the other consumer (JAX's Mosaic FA3 and tokamax do, pinned
+      with an optimization barrier), rather than after taking them back, where that
+      work delays our P V. Off until measured on the H200 (the sweep has both).
     """
 
     block_q: int = 64
@@ -81,6 +85,7 @@ class MosaicConfig:
     num_stages: int = 2
     schedule_barrier: bool = True
     p_in_registers: bool = True
+    rescale_before_turn: bool = False
 
     def __post_init__(self):
         if self.block_q % 64 or self.block_q < 64:

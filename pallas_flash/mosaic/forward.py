@@ -253,13 +253,21 @@ def _kernel(
                 )  # [block_q, block_kv]
                 keep = masks.tile_mask(spec, rows, cols, kv_len, diag)
             p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, c, keep)  # p: [block_q, block_kv]
+
+            def rescale(acc, p):  # [block_q, head_dim], and P as the wgmma takes it
+                return acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), p.astype(dtype)
+
+            if config.rescale_before_turn:
+                acc, p = rescale(acc, p)
+                # Keep the compiler from sinking this work past the turn below.
+                acc, p, m_i, l_i = lax.optimization_barrier((acc, p, m_i, l_i))
             if turns is not None:
                 plgpu.barrier_arrive(turns)  # softmax done: the other may start its own
             plgpu.barrier_wait(v_ready.at[slot])
             if turns is not None:
                 plgpu.barrier_wait(turns)  # our turn: P V, then the next Q K^T
-            acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])  # [block_q, head_dim]
-            p = p.astype(dtype)
+            if not config.rescale_before_turn:
+                acc, p = rescale(acc, p)
             if config.p_in_registers:
 
                 def pv(acc_ref):
