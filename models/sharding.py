@@ -11,7 +11,7 @@ parameters are all-reduced by XLA. Only attention looks across positions: it run
 shard_map over "data" (each device's batch rows), and with S > 1 as ring attention over
 "seq" (pallas_flash.ring_attention, zigzag layout), which needs T to be a multiple of 2S.
 
-A batch of step s is a pure function of (seed, s) on every process (models/train.py), so
+A batch of step s is a pure function of (seed, s) on every process (models/jobs.py), so
 each process cuts its own devices' shards out of the same host batch, and a run resumed
 on another mesh sees the same data.
 """

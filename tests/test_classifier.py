@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from models import classifier, lra, train
+from models import classifier, jobs, lra, train
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +75,9 @@ def test_padded_tokens_do_not_change_the_logits(pool):
 
 
 def test_example_ids_cover_each_epoch_once():
-    ids = np.concatenate([train.example_ids(10, s, 4, seed=7) for s in range(5)])  # 2 epochs
+    ids = np.concatenate([jobs.example_ids(10, s, 4, seed=7) for s in range(5)])  # 2 epochs
     assert sorted(ids[:10]) == list(range(10)) and sorted(ids[10:20]) == list(range(10))
-    np.testing.assert_array_equal(train.example_ids(10, 3, 4, seed=7), ids[12:16])
+    np.testing.assert_array_equal(jobs.example_ids(10, 3, 4, seed=7), ids[12:16])
     assert not np.array_equal(ids[:10], ids[10:20])  # a new order each epoch
 
 
@@ -86,8 +86,8 @@ def test_accuracy_over_a_split_with_a_partial_last_batch(lra_root, tmp_path, mon
     f32 = (dataclasses.replace(cfg, compute_dtype="float32"), recipe)
     monkeypatch.setitem(classifier.PRESETS["listops"], "tiny", f32)
     args = train.parse(_args("listops", lra_root, tmp_path, "--batch", "16", "--attention", "xla"))
-    job = train.ClassifierJob(args, lra_root)
-    params = job.state[0]
+    job = jobs.ClassifierJob(args, lra_root)
+    params = job.params
     loss, acc, n = job.accuracy(params, "test")  # 40 examples: batches of 16, 16, 8 (+ 8 fill)
     tokens, lengths, labels = job.splits["test"]
     logits = job.merged(params)(tokens, lengths)

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import data, sharding, train
+from models import data, jobs, sharding, train
 
 
 def _corpus(root):
@@ -226,11 +226,11 @@ def test_bpe_trains_without_tiktoken_in_bits_per_byte(bpe_corpus, tmp_path):
     steps = [r for r in rows if "bpb" in r]
     assert [r["step"] for r in steps] == [0, 1, 2]
     for r in steps:  # _train: --batch 4 --seq-len 32, seed 0
-        n_bytes = _bytes_of(token_bytes, train.batch_at(train_split, r["step"], 4, 32, 0))
+        n_bytes = _bytes_of(token_bytes, jobs.batch_at(train_split, r["step"], 4, 32, 0))
         assert n_bytes > 4 * 32
         assert r["bpb"] == pytest.approx(r["loss"] * 4 * 32 / math.log(2) / n_bytes, rel=1e-12)
     (val,) = [r for r in rows if "val_bpb" in r]
-    n_bytes = _bytes_of(token_bytes, train.batch_at(val_split, 0, 4, 32, 10_000))
+    n_bytes = _bytes_of(token_bytes, jobs.batch_at(val_split, 0, 4, 32, 10_000))
     assert val["val_bpb"] == pytest.approx(val["val_loss"] * 128 / math.log(2) / n_bytes)
 
 
@@ -239,15 +239,15 @@ def test_uniform_model_gives_log2_vocab_times_tokens_per_byte(bpe_corpus, capsys
     43 padding rows get -inf): log2(277) bits per token, tokens / bytes of them per byte."""
     argv = ["--dataset", "toy-bpe", "--data-dir", str(bpe_corpus), "--attention", "xla"]
     args = train.parse(argv + ["--batch", "4", "--seq-len", "32", "--eval-batches", "2"])
-    job = train.GPTJob(args, bpe_corpus)
+    job = jobs.GPTJob(args, bpe_corpus)
     assert (job.cfg.vocab, job.cfg.padded_vocab) == (277, 320)
-    params = jax.tree.map(lambda x: x, job.state[0])
+    params = jax.tree.map(lambda x: x, job.params)
     params["embed"]["embedding"] = jnp.zeros_like(params["embed"]["embedding"])  # tied: logits 0
     fields, _ = job.evaluate(params)
     token_bytes = job.vocab.token_bytes()
     val_split = data.load("toy-bpe", "val", bpe_corpus)
     n_bytes = sum(
-        _bytes_of(token_bytes, train.batch_at(val_split, i, 4, 32, 10_000)) for i in range(2)
+        _bytes_of(token_bytes, jobs.batch_at(val_split, i, 4, 32, 10_000)) for i in range(2)
     )
     assert fields["val_loss"] == pytest.approx(math.log(277), rel=1e-6)
     assert fields["val_bpb"] == pytest.approx(math.log2(277) * 2 * 4 * 32 / n_bytes, rel=1e-6)
