@@ -55,8 +55,20 @@ def environment(commit: str | None) -> dict:
         except (OSError, subprocess.CalledProcessError):
             commit = "unknown"
     return dict(
-        device=jax.devices()[0].device_kind, jax=jax.__version__, cudnn=cudnn, commit=commit
+        device=jax.devices()[0].device_kind,
+        jax=jax.__version__,
+        cudnn=cudnn,
+        commit=commit,
+        matmul_tflops=matmul_tflops() if jax.default_backend() == "gpu" else None,
     )
+
+
+def matmul_tflops(n: int = 8192) -> float:
+    """The device's dense bf16 matmul rate in this process (n x n x n, timed like the
+    kernels): the ceiling that attention TFLOP/s are read against (ANCHORS.md: 728-785
+    on the H200)."""
+    a, b = (jax.random.normal(jax.random.PRNGKey(i), (n, n), jnp.bfloat16) for i in (0, 1))
+    return 2.0 * n**3 / time_fn(jax.jit(jnp.matmul), (a, b)) / 1e12
 
 
 def make_inputs(s: suites.Shape, dtype, seed: int = 0):

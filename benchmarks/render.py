@@ -59,10 +59,12 @@ def speed_tables(rows: list[dict]) -> str:
             )
             for t in seqs
         }
+        matmul = rs[0].get("matmul_tflops")
         title = (
             f"**{suite}**, {p}, head dim {hd}, {'causal' if causal else 'non-causal'}"
             f"{'' if mask == 'none' else ', mask ' + mask} (TFLOP/s; run {run_id}, "
-            f"{rs[0]['device']})"
+            f"{rs[0]['device']}"
+            f"{f'; dense bf16 matmul {matmul:.0f} in this run' if matmul else ''})"
         )
         out += [
             title,

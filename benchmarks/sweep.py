@@ -74,6 +74,7 @@ MOSAIC_FWD_SPACE = dict(
     num_stages=(2, 3, 4),
     schedule_barrier=(True, False),
     rescale_before_turn=(False, True),
+    early_k_wait=(False, True),
 )
 # The backward's two kernels, each varied with the other at its default.
 MOSAIC_DKV_SPACE = dict(
@@ -183,6 +184,7 @@ def _axes(c) -> tuple:
             c.num_stages,
             int(not c.schedule_barrier),
             int(c.rescale_before_turn),
+            int(c.early_k_wait),
         )
     if isinstance(c, configs.MosaicBwdConfig):
         return (

@@ -113,12 +113,15 @@ PIPELINES = [
     MosaicConfig(block_q=64, block_kv=128, num_stages=2),
     MosaicConfig(block_q=128, block_kv=64, num_stages=2),
     MosaicConfig(block_q=64, block_kv=64, num_stages=2, rescale_before_turn=True),
+    MosaicConfig(block_q=64, block_kv=64, num_stages=2, early_k_wait=True),
+    MosaicConfig(block_q=64, block_kv=64, num_stages=1, early_k_wait=True),
 ]
 
 
 def _config_id(c: MosaicConfig) -> str:
     extra = ("" if c.schedule_barrier else "-no-pingpong") + ("" if c.p_in_registers else "-p-smem")
     extra += "-rescale-early" if c.rescale_before_turn else ""
+    extra += "-k-wait-early" if c.early_k_wait else ""
     return f"q{c.block_q}-kv{c.block_kv}-stages{c.num_stages}{extra}"
 
 
@@ -267,7 +270,7 @@ LOWERINGS = {
 @pytest.mark.parametrize(
     "p_in_registers,rescale_early",
     [(True, False), (False, False), (True, True)],
-    ids=["p-regs", "p-smem", "p-regs-rescale-early"],
+    ids=["p-regs", "p-smem", "p-regs-early"],
 )
 @pytest.mark.parametrize("head_dim,dtype,spec", LOWERINGS.values(), ids=LOWERINGS.keys())
 def test_compiled_kernel_lowers_for_hopper(head_dim, dtype, spec, p_in_registers, rescale_early):
@@ -278,6 +281,7 @@ def test_compiled_kernel_lowers_for_hopper(head_dim, dtype, spec, p_in_registers
         default_mosaic_config(head_dim),
         p_in_registers=p_in_registers,
         rescale_before_turn=rescale_early,
+        early_k_wait=rescale_early,
     )
 
     def f(q, k, v, q_len, kv_len):

@@ -78,6 +78,9 @@ class MosaicConfig:
       the tensor cores to the other consumer (JAX's Mosaic FA3 and tokamax do, pinned
       with an optimization barrier), rather than after taking them back, where that
       work delays our P V. Off until measured on the H200 (the sweep has both).
+    early_k_wait: wait for the next K tile while this tile's P V runs (JAX's Mosaic FA3
+      and tokamax do), instead of at the top of the next step, where the wait sits
+      between our turn and the next Q K^T. Off until measured.
     """
 
     block_q: int = 64
@@ -86,6 +89,7 @@ class MosaicConfig:
     schedule_barrier: bool = True
     p_in_registers: bool = True
     rescale_before_turn: bool = False
+    early_k_wait: bool = False
 
     def __post_init__(self):
         if self.block_q % 64 or self.block_q < 64:

@@ -231,10 +231,16 @@ def _kernel(
                 plgpu.barrier_arrive(turns)
                 plgpu.barrier_wait(turns)
 
+        def wait_next_k(j):  # early_k_wait: K of tile j + 1, while tile j's P V runs
+            @pl.when(j + 1 < hi)
+            def _():
+                plgpu.barrier_wait(k_ready.at[slot_of(j + 1)])
+
         def body(j, carry, *, masked: bool):
             acc, m_i, l_i = carry
             slot = slot_of(j)
-            plgpu.barrier_wait(k_ready.at[slot])
+            if not config.early_k_wait:
+                plgpu.barrier_wait(k_ready.at[slot])
 
             def qk(s_ref):
                 plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
@@ -272,6 +278,8 @@ def _kernel(
 
                 def pv(acc_ref):
                     plgpu.wgmma(acc_ref, p, v_smem.at[slot])
+                    if config.early_k_wait:
+                        wait_next_k(j)
 
                 # run_state awaits the wgmma before returning the accumulator.
                 acc = pl.run_state(pv)(plgpu.ACC.init(acc))
@@ -282,6 +290,8 @@ def _kernel(
 
                 def pv(acc_ref):
                     plgpu.wgmma(acc_ref, p_ref, v_smem.at[slot])
+                    if config.early_k_wait:
+                        wait_next_k(j)
                     return acc_ref[...]
 
                 acc = acc + pl.run_scoped(pv, plgpu.ACC((block_q, head_dim), jnp.float32))
@@ -295,6 +305,8 @@ def _kernel(
             plgpu.layout_cast(jnp.zeros((block_q,), jnp.float32), row_layout),
         )
         plgpu.barrier_wait(q_ready.at[wg])
+        if config.early_k_wait:  # the first tile's K; each later one is awaited a step early
+            pl.when(hi > lo)(lambda: plgpu.barrier_wait(k_ready.at[slot_of(lo)]))
         # Consumer 1 takes one turn ahead and consumer 0 one after the loop, so that one
         # issues its P V and next Q K^T while the other computes its softmax (FA3's
         # ping-pong); both take the same number of turns, so neither waits forever.
