@@ -163,27 +163,31 @@ def test_mosaic_over_shared_memory_is_a_row_never_compiled():
     assert row["family"] == "mosaic" and row["smem_kib"] == big.smem_bytes(256) // 1024
 
 
+def _sweep_row(pass_, config, ms, default, **kw):
+    """One sweep row as benchmarks.sweep writes it (head dim 128, seq 8k)."""
+    return dict(
+        run_id="r",
+        suite="sweep",
+        device="H200",
+        batch=2,
+        seq_q=8192,
+        heads=16,
+        head_dim=128,
+        dtype="bfloat16",
+        config=config,
+        default=default,
+        ms=ms,
+        tflops=ms and 2.0 / ms,
+        check_ok=ms is not None,
+        error=None,
+        **kw,
+    ) | {"pass": pass_}
+
+
 def test_sweep_table_speedup():
     def row(ms, default, block_q):
         config = dict(block_q=block_q, block_kv=64, num_warps=8, num_stages=3)
-        return dict(
-            run_id="r",
-            suite="sweep",
-            device="H200",
-            batch=2,
-            seq_q=8192,
-            heads=16,
-            head_dim=128,
-            dtype="bfloat16",
-            causal=False,
-            candidates=3,
-            config=config,
-            default=default,
-            ms=ms,
-            tflops=ms and 2.0 / ms,
-            check_ok=ms is not None,
-            error=None,
-        ) | {"pass": "fwd"}
+        return _sweep_row("fwd", config, ms, default, causal=False, candidates=3)
 
     rows = [row(2.0, True, 128), row(1.6, False, 64), row(None, False, 32)]
     table = render.sweep_table(rows)
@@ -193,25 +197,8 @@ def test_sweep_table_speedup():
 
 def test_sweep_table_one_per_family():
     def row(family, config, ms, default):
-        return dict(
-            run_id="r",
-            suite="sweep",
-            family=family,
-            device="H200",
-            batch=2,
-            seq_q=8192,
-            heads=16,
-            head_dim=128,
-            dtype="bfloat16",
-            causal=True,
-            candidates=2,
-            config=dataclasses.asdict(config),
-            default=default,
-            ms=ms,
-            tflops=2.0 / ms,
-            check_ok=True,
-            error=None,
-        ) | {"pass": "bwd"}
+        config = dataclasses.asdict(config)
+        return _sweep_row("bwd", config, ms, default, family=family, causal=True, candidates=2)
 
     split = configs.MosaicBwdConfig(split_dkv=True, consumers_dq=1, num_stages_dq=3)
     rows = [
