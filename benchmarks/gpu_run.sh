@@ -94,10 +94,15 @@ for step in "$@"; do
                  | grep -v '^\[' > "$OUT/par-$name.log"; tail -2 "$OUT/par-$name.log"
                cp "runs/par-$name/metrics.jsonl" "$OUT/par-$name.jsonl"
              done ;;
-    # train-long:T: a context of T tokens, one GPU against a ring over two.
+    # train-long:T: a context of T tokens, one GPU against a ring over two; each first
+    # reports the compiled step's memory per GPU (--memory-report: compile only).
     train-long:*) T=${step#train-long:}
              for mode in "one:" "seq2:--seq-parallel 2"; do
                name=${mode%%:*}
+               timeout 150 python3 -m models.train --preset small --seq-len "$T" --batch 1 \
+                 --sample 0 ${mode#*:} --memory-report --out "runs/long-$T-$name" 2>&1 \
+                 | grep -E "train step|rror" | tail -2
+               cp "runs/long-$T-$name/memory.json" "$OUT/long-$T-$name-memory.json"
                timeout 280 python3 -m models.train --preset small --seq-len "$T" --batch 1 \
                  --steps 2 --sample 0 ${mode#*:} --out "runs/long-$T-$name" 2>&1 \
                  | tr '\r' '\n' | grep -v '^\[' > "$OUT/long-$T-$name.log"

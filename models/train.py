@@ -135,6 +135,13 @@ def parse(argv):
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--sample", type=int, default=200, help="gpt: tokens to generate at the end")
     p.add_argument(
+        "--memory-report",
+        action="store_true",
+        help="compile the train step for this run's shapes and mesh, print its memory per "
+        "device (arguments, outputs, temporaries) and exit without training: will a "
+        "context fit, on this many devices?",
+    )
+    p.add_argument(
         "--attention-dropout",
         type=float,
         default=None,
@@ -225,6 +232,8 @@ def main(argv=None) -> int:  # noqa: C901 - a training loop reads best in one pi
     tx, schedule = make_optimizer(args)
     train_step = make_train_step(job.loss, tx, job.shardings)
     state = initial_state(job.params, tx, job.shardings)
+    if args.memory_report:
+        return _memory_report(train_step, state, job.batch(0)[0], out)
     ckpt = ocp.CheckpointManager(out / "ckpt", options=ocp.CheckpointManagerOptions(max_to_keep=2))
     start = 0
     if ckpt.latest_step() is not None:
@@ -322,6 +331,34 @@ def main(argv=None) -> int:  # noqa: C901 - a training loop reads best in one pi
     metrics.close()
     if lead:
         _plot(out)
+    return 0
+
+
+def _memory_report(train_step, state, batch, out: pathlib.Path) -> int:
+    """--memory-report: the compiled step's bytes per device (XLA's own accounting; the
+    device's allocator adds a little), printed and written to out/memory.json."""
+    m = train_step.lower(state, batch).compile().memory_analysis()
+    report = dict(
+        devices=jax.device_count(),
+        device=jax.devices()[0].device_kind,
+        argument_bytes=m.argument_size_in_bytes,
+        output_bytes=m.output_size_in_bytes,
+        temp_bytes=m.temp_size_in_bytes,
+        total_bytes=m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes,
+    )
+    free = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
+    report["device_bytes"] = free
+    (out / "memory.json").write_text(json.dumps(report) + "\n")
+    fits = ""
+    if free is not None:
+        verdict = "fits" if report["total_bytes"] <= free else "does not fit"
+        fits = f" of {free / 1e9:.1f} GB ({verdict})"
+    print(
+        f"train step per device: {report['total_bytes'] / 1e9:.2f} GB{fits}: arguments "
+        f"{m.argument_size_in_bytes / 1e9:.2f}, outputs {m.output_size_in_bytes / 1e9:.2f}, "
+        f"temporaries {m.temp_size_in_bytes / 1e9:.2f}",
+        flush=True,
+    )
     return 0
 
 

@@ -295,3 +295,22 @@ def test_gpt2_ranks_from_whisper_are_gpt2s():
         tokens = data.load("shakespeare-gpt2", split)
         assert tokens.dtype == np.uint16 and len(tokens) == meta[f"{split}_tokens"]
         assert vocab.token_bytes()[tokens].sum() == meta[f"{split}_bytes"]
+
+
+def test_memory_report_compiles_without_training(corpus, tmp_path, capsys):
+    """--memory-report: the step's bytes per device for the run's shapes, and no training
+    (no checkpoint, no metrics); temporaries grow with the context."""
+    temps = []
+    for seq in (64, 256):
+        out = tmp_path / f"mem{seq}"
+        argv = ["--dataset", "toy", "--data-dir", str(corpus), "--preset", "tiny"]
+        argv += ["--batch", "2", "--seq-len", str(seq), "--out", str(out), "--memory-report"]
+        assert train.main(argv) == 0
+        report = json.loads((out / "memory.json").read_text())
+        assert report["total_bytes"] == sum(
+            report[k] for k in ("argument_bytes", "output_bytes", "temp_bytes")
+        )
+        assert not (out / "ckpt").exists() and not (out / "metrics.jsonl").exists()
+        temps.append(report["temp_bytes"])
+    assert temps[1] > temps[0] > 0
+    assert "train step per device:" in capsys.readouterr().out
