@@ -33,6 +33,10 @@ class GPTConfig:
     d_model: int = 256
     rotary: bool = True
     compute_dtype: str = "bfloat16"
+    # Recompute each block's activations in the backward pass instead of keeping them:
+    # memory per token drops from every intermediate of every block to each block's input
+    # (long contexts), for about one more forward pass of compute.
+    remat: bool = False
 
     @property
     def padded_vocab(self) -> int:
@@ -162,13 +166,18 @@ class GPT(nnx.Module):
         if self.pos is not None:
             x = x + self.pos(jnp.arange(tokens.shape[1]))[None]
         for block in self.blocks:
-            x = block(x)
+            x = _remat_call(block, x) if self.cfg.remat else block(x)
         x = self.ln_f(x)
         logits = self.embed.attend(x).astype(jnp.float32)  # tied output projection
         if self.cfg.padded_vocab > self.cfg.vocab:  # no token: probability 0
             real = jnp.arange(self.cfg.padded_vocab) < self.cfg.vocab
             logits = jnp.where(real, logits, -jnp.inf)
         return logits
+
+
+@nnx.remat
+def _remat_call(block, x):
+    return block(x)
 
 
 def loss_fn(model: GPT, tokens):

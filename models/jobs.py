@@ -84,9 +84,11 @@ def _pure(model: nnx.Module):
 
 
 def gpt_config(args, vocab: int = 256) -> gpt.GPTConfig:
-    """The preset with the dataset's vocabulary and the --seq-len and --compute-dtype
-    overrides."""
+    """The preset with the dataset's vocabulary and the --seq-len, --compute-dtype and
+    --remat overrides."""
     overrides = dict(seq_len=args.seq_len, compute_dtype=args.compute_dtype)
+    if args.remat:
+        overrides["remat"] = True
     return dataclasses.replace(
         gpt.PRESETS[args.preset],
         vocab=vocab,
