@@ -12,12 +12,16 @@ Default-config table (16-bit inputs; head dim padded up to a multiple of 64):
 
 (Shared memory as Mosaic GPU's lowering reports it, with P in registers.)
 
-Evidence: not yet measured by us. Starting points from JAX's own Mosaic FA3
+Evidence: only the defaults are measured so far (H200, head dim 128, non-causal, bf16,
+16k tokens per batch, `benchmarks/results/fa-mosaic-fa74dc8.jsonl`): forward 539-584
+TFLOP/s from seq 2k, 0.87-0.95x cuDNN in the same run; no other config has run. Starting
+points from JAX's own Mosaic FA3
 (`jax/experimental/pallas/ops/gpu/attention_mgpu.py`), whose benchmark keeps 64 query
 rows per warpgroup and two K/V stages and takes the first block_kv of 256, 128, 64 that
 fits in Hopper's 227 KiB of shared memory (256 at head dim 64, 128 at 128, 64 at 256).
 At head dim 64 we start at 128 as well, which keeps the float32 score tile at 64
-registers per thread. The tile sweep on the H200 should replace this note with numbers.
+registers per thread. `python -m benchmarks.sweep --family mosaic` (gpu_run.sh step
+`sweep-mosaic`) times the alternatives, these flags included, to replace this note.
 
 Backward default table (`MosaicBwdConfig`; one CTA has `consumers` compute warpgroups
 and a TMA producer; shared memory from `smem_bytes_*`, operands in registers):
@@ -32,8 +36,9 @@ and a TMA producer; shared memory from `smem_bytes_*`, operands in registers):
 (Shared memory as Mosaic GPU's lowering reports it, operands in registers; staged
 through shared memory, each kernel adds warpgroups x 64 x 64 x 2 bytes.)
 
-Evidence: not measured (no GPU time yet); chosen by register and shared-memory
-arithmetic. A dK/dV warpgroup holds two float32 accumulators of block_kv x head dim
+Evidence: the defaults only (H200, head dim 128, non-causal: backward 417-470 TFLOP/s
+from seq 2k, 0.87-0.94x cuDNN in the same run, `fa-mosaic-fa74dc8.jsonl`); chosen by
+register and shared-memory arithmetic. A dK/dV warpgroup holds two float32 accumulators of block_kv x head dim
 (2 * 64 * 128 / 128 threads = 128 registers at head dim 128) plus S^T and dP^T
 (block_kv x block_q, 32 registers each at 64 x 64); at head dim 192 and 256 the two
 accumulators would need 192 and 256 registers, so there the two warpgroups share one
