@@ -41,7 +41,8 @@ class Case:
     dropout: float = 0.0
     bias: str | None = None  # "full" [B,N,T,S], "heads" [1,N,T,S], "keys" [B,1,1,S]
     # A random boolean mask (70 % attend): True [B, 1, T, S], "heads" [1, N, T, S],
-    # "rows" [B, 1, T, 1] (constant along the keys: the kernels read it unpacked).
+    # "rows" [B, 1, T, 1] (constant along the keys: the kernels read it unpacked),
+    # "keys" [B, 1, 1, S] (key padding as a mask: one packed row for every query).
     mask: bool | str = False
     softcap: float | None = None
 
@@ -104,7 +105,8 @@ class Case:
         if not self.mask:
             return None
         B, N, T, S = self.batch, self.heads, self.seq_q, self.seq_kv
-        shape = {True: (B, 1, T, S), "heads": (1, N, T, S), "rows": (B, 1, T, 1)}[self.mask]
+        shapes = {True: (B, 1, T, S), "heads": (1, N, T, S), "rows": (B, 1, T, 1)}
+        shape = (shapes | {"keys": (B, 1, 1, S)})[self.mask]
         return jax.random.bernoulli(jax.random.PRNGKey(5), 0.7, shape)
 
     def inputs(self, seed: int = 0):
@@ -262,6 +264,7 @@ def table() -> list[Case]:
         # length that is no multiple of the 16-key mask words, and a mask without a key axis.
         Case(1, 37, 53, 4, 2, 32, jnp.float32, mask="heads"),
         Case(2, 70, 45, 2, 1, 16, jnp.bfloat16, causal=True, mask="rows", kv_lens=(45, 20)),
+        Case(2, 33, 90, 4, 4, 32, jnp.float16, mask="keys", q_lens=(33, 17)),
         Case(2, 128, 128, 4, 2, 64, jnp.bfloat16, causal=True, softcap=5.0),
         Case(
             2,
