@@ -25,7 +25,7 @@ from pallas_flash.logits import Logits
 from pallas_flash.mosaic import forward as mosaic_forward
 from pallas_flash.mosaic.config import MosaicConfig, default_mosaic_config
 from pallas_flash.triton import backward as triton_backward
-from tests.cases import CASES, Case, tolerance_check
+from tests.cases import CASES, Case, packed, tolerance_check
 
 pytestmark = pytest.mark.mosaic  # the GPU run takes these in a step of their own
 
@@ -36,8 +36,18 @@ SMALL = MosaicConfig(block_q=64, block_kv=64, num_stages=2)
 
 def _spec(case: Case) -> masks.MaskSpec:
     return masks.MaskSpec(
-        causal=case.causal, bottom_right=case.bottom_right, local_window=case.window
+        causal=case.causal,
+        bottom_right=case.bottom_right,
+        local_window=case.window,
+        segments=case.segments is not None,
     )
+
+
+def _segments(case: Case):
+    """(query ids [B, T], key ids [B, S]) int32, or None."""
+    if case.segments is None:
+        return None
+    return tuple(jnp.asarray(x, jnp.int32) for x in case.segments)
 
 
 def _lengths(case: Case):
@@ -56,6 +66,7 @@ def _mosaic(case: Case, config: MosaicConfig | None, interpret, seed: int = 0, q
         v,
         q_len,
         kv_len,
+        _segments(case),
         spec=_spec(case),
         scale=case.head_dim**-0.5,
         config=config or default_mosaic_config(case.head_dim),
@@ -74,6 +85,7 @@ def _reference(case: Case, seed: int = 0, *, upcast: bool):
         mask_spec=_spec(case),
         query_seq_lengths=q_len,
         key_value_seq_lengths=kv_len,
+        segment_ids=_segments(case),
         upcast=upcast,
     )
 
@@ -98,6 +110,30 @@ INTERPRET_CASES = [
     Case(1, 1, 77, 2, 1, 64, F16),  # one query row
     Case(1, 70, 70, 1, 1, 256, BF16),
     Case(1, 33, 65, 2, 1, 80, F16, causal=True),  # head dim padded to 128
+    # Segment ids: packed documents (tiles between them skipped), T != S with their own
+    # ids under causal masking, and unsorted ids (every tile masked element by element).
+    Case(2, 200, 200, 2, 1, 64, BF16, segments=(packed([(60, 140), (200,)], 200),) * 2),
+    Case(
+        2,
+        130,
+        150,
+        2,
+        2,
+        64,
+        F16,
+        causal=True,
+        segments=(packed([(30, 100), (130,)], 130), packed([(40, 110), (150,)], 150)),
+    ),
+    Case(
+        2,
+        130,
+        130,
+        2,
+        1,
+        64,
+        BF16,
+        segments=(tuple(tuple((i * 7 // 3) % 3 for i in range(130)) for _ in range(2)),) * 2,
+    ),
 ]
 
 
@@ -214,13 +250,12 @@ def test_triton_backward_takes_its_residuals():
     "dtype,kwargs,match",
     [
         (jnp.float32, {}, "bfloat16 or float16"),
-        (BF16, {"segments": (jnp.zeros((1, 8), jnp.int32),) * 2}, "segment_ids"),
         (BF16, {"bias": jnp.zeros((1, 1, 8, 8), BF16)}, "bias"),
         (BF16, {"mask": jnp.ones((1, 1, 8, 8), jnp.int8)}, "mask"),
         (BF16, {"seeds": jnp.zeros((2,), jnp.int32), "dropout_rate": 0.1}, "dropout"),
         (BF16, {"logits": Logits(softcap=5.0)}, "logits_soft_cap"),
     ],
-    ids=["float32", "segments", "bias", "mask", "dropout", "softcap"],
+    ids=["float32", "bias", "mask", "dropout", "softcap"],
 )
 def test_unsupported_features_raise(dtype, kwargs, match):
     q = jnp.ones((1, 8, 2, 64), dtype)
@@ -296,6 +331,26 @@ def test_compiled_kernel_lowers_for_hopper(head_dim, dtype, spec, p_in_registers
     assert "mosaic_gpu" in lowered.as_text()
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_compiled_kernel_with_segment_ids_lowers_for_hopper(head_dim):
+    """Segment ids on the compiled path (P in registers): their TMA copies, barriers and
+    row/column layouts lower for sm_90."""
+    spec = masks.MaskSpec(causal=True, segments=True)
+    config = default_mosaic_config(head_dim)
+
+    def f(q, k, v, q_len, kv_len, q_seg, kv_seg):
+        return mosaic_forward.forward(
+            q, k, v, q_len, kv_len, (q_seg, kv_seg), spec=spec, scale=0.1, config=config
+        )
+
+    q = jax.ShapeDtypeStruct((2, 300, 4, head_dim), BF16)
+    kv = jax.ShapeDtypeStruct((2, 257, 2, head_dim), BF16)
+    lens = jax.ShapeDtypeStruct((2,), jnp.int32)
+    ids_q, ids_kv = (jax.ShapeDtypeStruct((2, n), jnp.int32) for n in (300, 257))
+    traced = jax.jit(f).trace(q, kv, kv, lens, lens, ids_q, ids_kv)
+    assert "mosaic_gpu" in traced.lower(lowering_platforms=("cuda",)).as_text()
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 def test_default_configs_fit_in_shared_memory(head_dim):
     config = default_mosaic_config(head_dim)
@@ -362,9 +417,11 @@ def test_gpu_never_reads_skipped_tiles():
     chex.assert_trees_all_equal(out, _mosaic(case, None, False, qkv=(q, k_bad, v_bad)))
 
 
-def test_public_api_runs_the_mosaic_kernels():
+@pytest.mark.parametrize("with_segments", [False, True], ids=["plain", "segments"])
+def test_public_api_runs_the_mosaic_kernels(with_segments):
     """flash_attention(implementation="mosaic"): the Mosaic forward and backward
-    (interpreted on CPU), through the one custom_vjp, against the reference."""
+    (interpreted on CPU), through the one custom_vjp, against the reference; with
+    segment ids as a (query ids, key ids) pair too."""
     import pallas_flash
 
     ks = jax.random.split(jax.random.PRNGKey(3), 4)
@@ -372,6 +429,9 @@ def test_public_api_runs_the_mosaic_kernels():
     k, v = (jax.random.normal(kk, (1, 72, 2, 64), BF16) for kk in ks[1:3])
     do = jax.random.normal(ks[3], q.shape, BF16)
     lens = dict(key_value_seq_lengths=jnp.array([60]))
+    if with_segments:
+        ids = lambda n, cut: (jnp.arange(n) >= cut).astype(jnp.int32)[None]  # noqa: E731
+        lens["segment_ids"] = (ids(80, 30), ids(72, 40))
 
     def run(impl, *xs, **kw):
         f = lambda q, k, v: pallas_flash.flash_attention(  # noqa: E731
@@ -396,9 +456,9 @@ def test_dispatch_to_mosaic():
     with pytest.raises(NotImplementedError, match="bfloat16 or float16, not float32"):
         pallas_flash.flash_attention(q, q, q, implementation="mosaic")
     qb = q.astype(BF16)
-    with pytest.raises(NotImplementedError, match="segment_ids not supported by the Mosaic"):
+    with pytest.raises(NotImplementedError, match="bias not supported by the Mosaic"):
         pallas_flash.flash_attention(
-            qb, qb, qb, implementation="mosaic", segment_ids=jnp.zeros((1, 64), jnp.int32)
+            qb, qb, qb, implementation="mosaic", bias=jnp.zeros((1, 1, 64, 64), BF16)
         )
     with pytest.raises(TypeError, match="config for implementation 'mosaic' must be MosaicConfig"):
         pallas_flash.flash_attention(

@@ -33,14 +33,15 @@ from pallas_flash.mosaic.config import (
     default_mosaic_config,
 )
 from tests import test_mosaic
-from tests.cases import Case, tolerance_check
+from tests.cases import Case, packed, tolerance_check
 
 pytestmark = pytest.mark.mosaic  # the GPU run takes these in a step of their own
 
 BF16, F16 = jnp.bfloat16, jnp.float16
 
 
-_spec, _lengths = test_mosaic._spec, test_mosaic._lengths  # a Case's mask spec and lengths
+# A Case's mask spec, lengths and segment ids.
+_spec, _lengths, _segments = test_mosaic._spec, test_mosaic._lengths, test_mosaic._segments
 
 
 def _seed(case: Case) -> int:
@@ -60,6 +61,7 @@ def _reference_grads(case: Case, q, k, v, do, dlse, *, upcast: bool):
             mask_spec=_spec(case),
             query_seq_lengths=q_len,
             key_value_seq_lengths=kv_len,
+            segment_ids=_segments(case),
             upcast=upcast,
         )
 
@@ -97,6 +99,7 @@ def _backward(case, config, interpret, q, k, v, o, lse, do, dlse):
         dlse,
         q_len,
         kv_len,
+        _segments(case),
         spec=_spec(case),
         scale=case.head_dim**-0.5,
         config=config or default_mosaic_bwd_config(case.head_dim),
@@ -113,6 +116,7 @@ def _mosaic_forward(case, interpret, q, k, v):
         v,
         q_len,
         kv_len,
+        _segments(case),
         spec=_spec(case),
         scale=case.head_dim**-0.5,
         config=config or default_mosaic_config(case.head_dim),
@@ -147,6 +151,20 @@ INTERPRET_CASES = [
     Case(1, 200, 150, 1, 1, 64, F16, causal=True, window=(40, 3)),
     Case(1, 1, 77, 1, 1, 80, F16),  # one query row; head dim padded to 128
     Case(1, 70, 90, 2, 1, 256, BF16, causal=True),
+    # Segment ids: packed documents, and T != S with their own ids under causal masking
+    # (the GQA group's heads share the key ids in the dK/dV kernel).
+    Case(2, 200, 200, 2, 1, 64, BF16, segments=(packed([(60, 140), (200,)], 200),) * 2),
+    Case(
+        2,
+        130,
+        150,
+        2,
+        1,
+        64,
+        F16,
+        causal=True,
+        segments=(packed([(30, 100), (130,)], 130), packed([(40, 110), (150,)], 150)),
+    ),
 ]
 
 
@@ -234,14 +252,13 @@ def test_interpret_finds_no_data_race():
     "dtype,kwargs,match",
     [
         (jnp.float32, {}, "bfloat16 or float16"),
-        (BF16, {"segments": (jnp.zeros((1, 8), jnp.int32),) * 2}, "segment_ids"),
         (BF16, {"bias": jnp.zeros((1, 1, 8, 8), BF16)}, "bias"),
         (BF16, {"mask": jnp.ones((1, 1, 8, 8), jnp.int8)}, "mask"),
         (BF16, {"seeds": jnp.zeros((2,), jnp.int32), "dropout_rate": 0.1}, "dropout"),
         (BF16, {"logits": Logits(softcap=5.0)}, "logits_soft_cap"),
         (BF16, {"layout": jnp.ones((1, 1, 1), bool)}, "block_sparse"),
     ],
-    ids=["float32", "segments", "bias", "mask", "dropout", "softcap", "block-sparse"],
+    ids=["float32", "bias", "mask", "dropout", "softcap", "block-sparse"],
 )
 def test_unsupported_features_raise(dtype, kwargs, match):
     q = jnp.ones((1, 8, 2, 64), dtype)
@@ -322,6 +339,41 @@ def test_compiled_kernels_lower_for_hopper(head_dim, dtype, spec, in_registers):
     lens = jax.ShapeDtypeStruct((2,), jnp.int32)
     lowered = jax.jit(f).trace(q, kv, kv, q, lse, q, lens, lens).lower(lowering_platforms=("cuda",))
     text = lowered.as_text()
+    for name in ("pallas_flash_mosaic_bwd_dkdv", "pallas_flash_mosaic_bwd_dq"):
+        assert name in text
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_compiled_kernels_with_segment_ids_lower_for_hopper(head_dim):
+    """Segment ids in both backward kernels, operands in registers: the ids' TMA copies,
+    barriers and row/column layouts lower for sm_90 (the dK/dV split at 256 included)."""
+    spec = masks.MaskSpec(causal=True, segments=True)
+    config = default_mosaic_bwd_config(head_dim)
+
+    def f(q, k, v, o, lse, do, q_len, kv_len, q_seg, kv_seg):
+        return mosaic_backward.backward(
+            q,
+            k,
+            v,
+            o,
+            lse,
+            do,
+            None,
+            q_len,
+            kv_len,
+            (q_seg, kv_seg),
+            spec=spec,
+            scale=0.1,
+            config=config,
+        )[:3]
+
+    q = jax.ShapeDtypeStruct((2, 300, 4, head_dim), BF16)
+    kv = jax.ShapeDtypeStruct((2, 257, 2, head_dim), BF16)
+    lse = jax.ShapeDtypeStruct((2, 4, 300), jnp.float32)
+    lens = jax.ShapeDtypeStruct((2,), jnp.int32)
+    ids_q, ids_kv = (jax.ShapeDtypeStruct((2, n), jnp.int32) for n in (300, 257))
+    traced = jax.jit(f).trace(q, kv, kv, q, lse, q, lens, lens, ids_q, ids_kv)
+    text = traced.lower(lowering_platforms=("cuda",)).as_text()
     for name in ("pallas_flash_mosaic_bwd_dkdv", "pallas_flash_mosaic_bwd_dq"):
         assert name in text
 

@@ -33,7 +33,10 @@ is exactly 0 there and on padding rows, with no mask: their gradients are 0, nev
 
 Masking. Tile ranges come from `masks.q_tile_range` (dK/dV, for the CTA's key span) and
 `masks.kv_tile_range` (dQ, for the CTA's rows): skipped tiles are never loaded, tiles
-seen in full run unmasked, boundary tiles apply `masks.tile_mask`. Lengths are padded
+seen in full run unmasked, boundary tiles apply `masks.tile_mask`. Segment ids narrow
+those ranges in XLA first and compare element by element in boundary tiles; the ids of
+the resident tile (keys in dK/dV, rows in dQ) are loaded once, the streamed tiles' ids
+travel with Q (dK/dV) or K (dQ) on the same barriers. Lengths are padded
 to whole CTAs with zeros (padded keys masked through kv_len; padded rows carry lse2 =
 +inf), the head dim to a multiple of 64; padding is cut from the result.
 
@@ -67,10 +70,7 @@ from pallas_flash.mosaic.config import (
     MosaicBwdConfig,
     padded_head_dim,
 )
-from pallas_flash.mosaic.forward import _pad, unsupported
-
-_ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per row of a wgmma accumulator
-_COL = plgpu.Layout.WGMMA.reduce(0)  # one value per column
+from pallas_flash.mosaic.forward import _COL, _ROW, _pad, intersect_tables, unsupported
 
 
 def _accumulate(terms, staging):
@@ -130,15 +130,15 @@ def _dkdv_kernel(
     do_ref,
     lse_ref,
     delta_ref,
-    dk_ref,
-    dv_ref,
-    *,
+    *refs,
     k_smem,
     v_smem,
     q_smem,
     do_smem,
     lse_smem,
     delta_smem,
+    q_seg_smem,
+    kv_seg_smem,
     staging_smem,
     kv_ready,
     q_ready,
@@ -150,6 +150,8 @@ def _dkdv_kernel(
     config: MosaicBwdConfig,
     group: int,
 ):
+    # With segment ids, their [B, T] and [B, S] arrays come before the outputs.
+    q_seg_ref, kv_seg_ref, dk_ref, dv_ref = refs if len(refs) == 4 else (None, None, *refs)
     bq, bk, stages = config.block_q_dkv, config.block_kv_dkv, config.num_stages_dkv
     consumers, tiles = config.consumers_dkv, config.key_tiles_dkv
     dtype = q_smem.dtype
@@ -171,6 +173,8 @@ def _dkdv_kernel(
             keys = (b, pl.ds(k0 + t * bk, bk), kv_head)
             plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[t], kv_ready)
             plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[t], kv_ready)
+            if kv_seg_ref is not None:
+                plgpu.copy_gmem_to_smem(kv_seg_ref.at[keys[:2]], kv_seg_smem.at[t], kv_ready)
 
         def per_head(g, _):
             h = kv_head * group + g
@@ -187,6 +191,10 @@ def _dkdv_kernel(
 
                 plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem.at[slot], q_ready.at[slot])
                 plgpu.copy_gmem_to_smem(lse_ref.at[b, h, rows], lse_smem.at[slot], q_ready.at[slot])
+                if q_seg_ref is not None:
+                    plgpu.copy_gmem_to_smem(
+                        q_seg_ref.at[b, rows], q_seg_smem.at[slot], q_ready.at[slot]
+                    )
                 plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h], do_smem.at[slot], do_ready.at[slot])
                 plgpu.copy_gmem_to_smem(
                     delta_ref.at[b, h, rows], delta_smem.at[slot], do_ready.at[slot]
@@ -236,7 +244,11 @@ def _dkdv_kernel(
                 cols = kw0 + plgpu.broadcasted_iota(
                     jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA
                 )  # [bk, bq]: key positions
-                keep = masks.tile_mask(spec, rows, cols, kv_len, diag)
+                segs = None
+                if q_seg_ref is not None:  # (query ids, key ids), both [bk, bq]
+                    q_segs = plgpu.load(q_seg_smem.at[slot], layout=_COL)  # [bq]
+                    segs = (_bcast(q_segs, shape, 1), _bcast(k_segs, shape, 0))
+                keep = masks.tile_mask(spec, rows, cols, kv_len, diag, segs)
                 p_t = jnp.where(keep, p_t, 0.0)
             terms = []
             if does_dv:
@@ -264,6 +276,8 @@ def _dkdv_kernel(
             jnp.zeros((bk, k_tile.shape[-1]), jnp.float32), plgpu.Layout.WGMMA
         )
         plgpu.barrier_wait(kv_ready)
+        if kv_seg_ref is not None:
+            k_segs = plgpu.load(kv_seg_smem.at[t], layout=_ROW)  # [bk]: the tile's key ids
         accs = lax.fori_loop(0, group, per_head, (zeros,) * (does_dv + does_dk))
         if config.split_dkv:  # K and V are read by both warpgroups until both are done
             plgpu.barrier_arrive(done)
@@ -297,14 +311,15 @@ def _dq_kernel(
     do_ref,
     lse_ref,
     delta_ref,
-    dq_ref,
-    *,
+    *refs,
     q_smem,
     do_smem,
     lse_smem,
     delta_smem,
     k_smem,
     v_smem,
+    q_seg_smem,
+    kv_seg_smem,
     staging_smem,
     q_ready,
     k_ready,
@@ -317,6 +332,7 @@ def _dq_kernel(
     num_q_tiles: int,
     group: int,
 ):
+    q_seg_ref, kv_seg_ref, dq_ref = refs if len(refs) == 3 else (None, None, *refs)
     bq, bk, stages = config.block_q_dq, config.block_kv_dq, config.num_stages_dq
     consumers = config.consumers_dq
     dtype = q_smem.dtype
@@ -346,6 +362,10 @@ def _dq_kernel(
                 plgpu.barrier_wait(k_free.at[slot])
 
             plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[slot], k_ready.at[slot])
+            if kv_seg_ref is not None:  # the tile's key ids travel with K
+                plgpu.copy_gmem_to_smem(
+                    kv_seg_ref.at[keys[:2]], kv_seg_smem.at[slot], k_ready.at[slot]
+                )
 
             @pl.when(reuse)
             def _():
@@ -373,6 +393,10 @@ def _dq_kernel(
         plgpu.copy_gmem_to_smem(
             delta_ref.at[b, h, pl.ds(q0, bq)], delta_smem.at[wg], q_ready.at[wg]
         )
+        if q_seg_ref is not None:
+            plgpu.copy_gmem_to_smem(
+                q_seg_ref.at[b, pl.ds(q0, bq)], q_seg_smem.at[wg], q_ready.at[wg]
+            )
         staging = None if staging_smem is None else staging_smem.at[wg]
         q_len = q_len_ref[b]
         kv_len = kv_len_ref[b]
@@ -399,7 +423,11 @@ def _dq_kernel(
                 cols = j * bk + plgpu.broadcasted_iota(
                     jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA
                 )
-                p = jnp.where(masks.tile_mask(spec, rows, cols, kv_len, diag), p, 0.0)
+                segs = None
+                if q_seg_ref is not None:  # (query ids, key ids), both [bq, bk]
+                    k_segs = plgpu.load(kv_seg_smem.at[slot], layout=_COL)  # [bk]
+                    segs = (_bcast(q_segs, shape, 0), _bcast(k_segs, shape, 1))
+                p = jnp.where(masks.tile_mask(spec, rows, cols, kv_len, diag, segs), p, 0.0)
             ds = p * (dp - _bcast(delta, shape, 0))  # [bq, bk]
             (dq,) = _accumulate([(dq, ds.astype(dtype), k_tile)], staging)  # dq += ds @ k
             plgpu.barrier_arrive(k_free.at[slot])
@@ -408,6 +436,8 @@ def _dq_kernel(
         plgpu.barrier_wait(q_ready.at[wg])
         lse2 = plgpu.load(lse_smem.at[wg], layout=_ROW)  # [bq], base 2, +inf if empty
         delta = plgpu.load(delta_smem.at[wg], layout=_ROW)  # [bq]
+        if q_seg_ref is not None:
+            q_segs = plgpu.load(q_seg_smem.at[wg], layout=_ROW)  # [bq]: the rows' ids
         dq = plgpu.layout_cast(jnp.zeros((bq, q_tile.shape[-1]), jnp.float32), plgpu.Layout.WGMMA)
         dq = lax.fori_loop(lo, full_lo, functools.partial(body, masked=True), dq)
         dq = lax.fori_loop(full_lo, full_hi, functools.partial(body, masked=False), dq)
@@ -517,6 +547,12 @@ def backward(
     k_p, v_p = _pad(k, s_pad, hp), _pad(v, s_pad, hp)
     q_len, kv_len = q_len.astype(jnp.int32), kv_len.astype(jnp.int32)
     inputs = (q_p, k_p, v_p, do_p, lse2, delta)
+    if segments is not None:  # padded like the rows and keys (edge: still sorted)
+        q_seg, kv_seg = (x.astype(jnp.int32) for x in segments)
+        q_seg = jnp.pad(q_seg, [(0, 0), (0, t_pad - T)], mode="edge")
+        kv_seg = jnp.pad(kv_seg, [(0, 0), (0, s_pad - S)], mode="edge")
+        inputs += (q_seg, kv_seg)
+    with_segs = segments is not None
     transforms = (
         plgpu.TilingTransform((8, SWIZZLE // q.dtype.itemsize)),
         plgpu.SwizzleTransform(SWIZZLE),
@@ -536,6 +572,8 @@ def backward(
     ranges = masks.tile_range_table(
         masks.q_tile_range, spec, q_len, kv_len, num_spans, bq, keys_dkv, keys_dkv
     )
+    if with_segs:
+        ranges = intersect_tables(ranges, masks.segment_tile_ranges(q_seg, kv_seg, bq, keys_dkv)[1])
     dk, dv = plgpu.kernel(
         functools.partial(_dkdv_kernel, spec=spec, scale=scale, config=config, group=N // K),
         out_type=(
@@ -549,9 +587,12 @@ def backward(
             do_smem=tile(stages, bq, hp),
             lse_smem=plgpu.SMEM((stages, bq), jnp.float32),
             delta_smem=plgpu.SMEM((stages, bq), jnp.float32),
+            q_seg_smem=plgpu.SMEM((stages, bq), jnp.int32) if with_segs else None,
+            kv_seg_smem=plgpu.SMEM((tiles, bk), jnp.int32) if with_segs else None,
             staging_smem=tile(c_dkv, bk, bq) if staged else None,
-            kv_ready=plgpu.Barrier(num_arrivals=2 * tiles),
-            q_ready=plgpu.Barrier(num_arrivals=2, num_barriers=stages),  # Q and lse
+            kv_ready=plgpu.Barrier(num_arrivals=(2 + with_segs) * tiles),  # K, V (, key ids)
+            # Q and lse (and the query ids)
+            q_ready=plgpu.Barrier(num_arrivals=2 + with_segs, num_barriers=stages),
             do_ready=plgpu.Barrier(num_arrivals=2, num_barriers=stages),  # dO and D
             free=plgpu.Barrier(num_arrivals=c_dkv, num_barriers=stages),
             done=plgpu.Barrier(num_arrivals=2) if config.split_dkv else None,
@@ -570,6 +611,8 @@ def backward(
     ranges = masks.tile_range_table(
         masks.kv_tile_range, spec, q_len, kv_len, num_q_tiles, rows_dq, bk, rows_dq
     )
+    if with_segs:
+        ranges = intersect_tables(ranges, masks.segment_tile_ranges(q_seg, kv_seg, rows_dq, bk)[0])
     dq = plgpu.kernel(
         functools.partial(
             _dq_kernel,
@@ -587,9 +630,12 @@ def backward(
             delta_smem=plgpu.SMEM((c_dq, bq), jnp.float32),
             k_smem=tile(stages, bk, hp),
             v_smem=tile(stages, bk, hp),
+            q_seg_smem=plgpu.SMEM((c_dq, bq), jnp.int32) if with_segs else None,
+            kv_seg_smem=plgpu.SMEM((stages, bk), jnp.int32) if with_segs else None,
             staging_smem=tile(c_dq, bq, bk) if staged else None,
-            q_ready=plgpu.Barrier(num_arrivals=4, num_barriers=c_dq),  # Q, dO, lse, D
-            k_ready=plgpu.Barrier(num_barriers=stages),
+            # Q, dO, lse, D (and the query ids); K (and its key ids)
+            q_ready=plgpu.Barrier(num_arrivals=4 + with_segs, num_barriers=c_dq),
+            k_ready=plgpu.Barrier(num_arrivals=1 + with_segs, num_barriers=stages),
             v_ready=plgpu.Barrier(num_barriers=stages),
             k_free=plgpu.Barrier(num_arrivals=c_dq, num_barriers=stages),
             v_free=plgpu.Barrier(num_arrivals=c_dq, num_barriers=stages),

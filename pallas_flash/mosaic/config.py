@@ -38,8 +38,9 @@ through shared memory, each kernel adds warpgroups x 64 x 64 x 2 bytes.)
 
 Evidence: the defaults only (H200, head dim 128, non-causal: backward 417-470 TFLOP/s
 from seq 2k, 0.87-0.94x cuDNN in the same run, `fa-mosaic-fa74dc8.jsonl`); chosen by
-register and shared-memory arithmetic. A dK/dV warpgroup holds two float32 accumulators of block_kv x head dim
-(2 * 64 * 128 / 128 threads = 128 registers at head dim 128) plus S^T and dP^T
+register and shared-memory arithmetic. A dK/dV warpgroup holds two float32
+accumulators of block_kv x head dim (2 * 64 * 128 / 128 threads = 128 registers at head
+dim 128) plus S^T and dP^T
 (block_kv x block_q, 32 registers each at 64 x 64); at head dim 192 and 256 the two
 accumulators would need 192 and 256 registers, so there the two warpgroups share one
 key tile and split the work, one accumulating dV and the other dK (FA3 splits the head

@@ -26,6 +26,10 @@ sees in full run unmasked; boundary tiles apply `masks.tile_mask`. Walking the C
 range rather than each warpgroup's own costs at most one extra masked tile per
 warpgroup on the causal diagonal and keeps the barrier protocol simple: every consumer
 arrives exactly once on every free barrier phase and the ping-pong barrier alternates.
+Segment ids narrow the CTA's range in XLA beforehand (`masks.segment_tile_ranges`: tiles
+between packed documents are skipped); in boundary tiles the ids compare element by
+element: the rows' ids travel with Q, each key tile's with K (one more TMA copy on
+their barriers), loaded in the row and column layouts of the score tile.
 
 Lengths. The wrapper pads T to whole CTAs and S to whole key tiles with zeros (and the
 head dim to a multiple of 64); padded keys are masked through kv_len, padded query rows
@@ -85,7 +89,6 @@ def unsupported(
     lacks = [
         name
         for name, present in (
-            ("segment_ids", segments or spec.segments),
             ("dropout", dropout),
             ("bias", bias),
             ("mask", mask),
@@ -97,6 +100,12 @@ def unsupported(
     if lacks:
         return f"{', '.join(lacks)} not supported by the Mosaic kernel yet"
     return None
+
+
+def intersect_tables(a, b):
+    """Two [B, n_tiles, 4] interval tables, intersected tile by tile (masks.intersect)."""
+    parts = masks.intersect(tuple(a[..., c] for c in range(4)), tuple(b[..., c] for c in range(4)))
+    return jnp.stack(parts, axis=-1).astype(jnp.int32)
 
 
 def device_unsupported() -> str | None:
@@ -137,6 +146,10 @@ def _online_softmax(s, m_i, l_i, c: float, keep):
     return p, m_new, l_i, alpha
 
 
+_ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per row of a wgmma accumulator
+_COL = plgpu.Layout.WGMMA.reduce(0)  # one value per column
+
+
 def _kernel(
     q_len_ref,
     kv_len_ref,
@@ -144,14 +157,14 @@ def _kernel(
     q_ref,
     k_ref,
     v_ref,
-    o_ref,
-    lse_ref,
-    *,
+    *refs,
     qo_smem,
     k_smem,
     v_smem,
     p_smem,
     lse_smem,
+    q_seg_smem,
+    kv_seg_smem,
     q_ready,
     k_ready,
     v_ready,
@@ -164,6 +177,8 @@ def _kernel(
     num_q_tiles: int,
     group: int,
 ):
+    # With segment ids, their [B, T] and [B, S] arrays come before the outputs.
+    q_seg_ref, kv_seg_ref, o_ref, lse_ref = refs if len(refs) == 4 else (None, None, *refs)
     block_q, block_kv, stages = config.block_q, config.block_kv, config.num_stages
     head_dim = qo_smem.shape[-1]
     dtype = qo_smem.dtype
@@ -196,6 +211,10 @@ def _kernel(
                 plgpu.barrier_wait(k_free.at[slot])
 
             plgpu.copy_gmem_to_smem(k_ref.at[b, rows, kv_head], k_smem.at[slot], k_ready.at[slot])
+            if kv_seg_ref is not None:  # the tile's key segment ids travel with K
+                plgpu.copy_gmem_to_smem(
+                    kv_seg_ref.at[b, rows], kv_seg_smem.at[slot], k_ready.at[slot]
+                )
 
             @pl.when(reuse)
             def _():
@@ -221,6 +240,10 @@ def _kernel(
         q0 = (tile * NUM_CONSUMERS + wg) * block_q
         q_smem = qo_smem.at[wg]
         plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q0, block_q), h], q_smem, q_ready.at[wg])
+        if q_seg_ref is not None:  # the rows' segment ids travel with Q
+            plgpu.copy_gmem_to_smem(
+                q_seg_ref.at[b, pl.ds(q0, block_q)], q_seg_smem.at[wg], q_ready.at[wg]
+            )
         q_len = q_len_ref[b]
         kv_len = kv_len_ref[b]
         diag = masks.offset(spec, q_len, kv_len)
@@ -248,6 +271,14 @@ def _kernel(
                 return s_ref[...]  # waits for this wgmma
 
             s = pl.run_scoped(qk, plgpu.ACC((block_q, block_kv), jnp.float32))  # q @ k.T
+            segs = None
+            if masked and q_seg_ref is not None:  # read before the slot is released
+                segs = (
+                    lax.broadcast_in_dim(q_segs, s.shape, [0]),
+                    lax.broadcast_in_dim(
+                        plgpu.load(kv_seg_smem.at[slot], layout=_COL), s.shape, [1]
+                    ),
+                )
             plgpu.barrier_arrive(k_free.at[slot])
             keep = None
             if masked:  # the structural masks cut this tile (full tiles skip this work)
@@ -257,7 +288,7 @@ def _kernel(
                 cols = j * block_kv + plgpu.broadcasted_iota(
                     jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA
                 )  # [block_q, block_kv]
-                keep = masks.tile_mask(spec, rows, cols, kv_len, diag)
+                keep = masks.tile_mask(spec, rows, cols, kv_len, diag, segs)
             p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, c, keep)  # p: [block_q, block_kv]
 
             def rescale(acc, p):  # [block_q, head_dim], and P as the wgmma takes it
@@ -305,6 +336,9 @@ def _kernel(
             plgpu.layout_cast(jnp.zeros((block_q,), jnp.float32), row_layout),
         )
         plgpu.barrier_wait(q_ready.at[wg])
+        q_segs = None
+        if q_seg_ref is not None:
+            q_segs = plgpu.load(q_seg_smem.at[wg], layout=_ROW)  # [block_q]
         if config.early_k_wait:  # the first tile's K; each later one is awaited a step early
             pl.when(hi > lo)(lambda: plgpu.barrier_wait(k_ready.at[slot_of(lo)]))
         # Consumer 1 takes one turn ahead and consumer 0 one after the loop, so that one
@@ -401,6 +435,15 @@ def forward(
     ranges = masks.tile_range_table(
         masks.kv_tile_range, spec, q_len, kv_len, num_q_tiles, rows, config.block_kv, rows
     )
+    seg_inputs = ()
+    if segments is not None:
+        q_seg, kv_seg = (x.astype(jnp.int32) for x in segments)
+        per_q, _ = masks.segment_tile_ranges(q_seg, kv_seg, rows, config.block_kv)
+        ranges = intersect_tables(ranges, per_q)
+        seg_inputs = (
+            jnp.pad(q_seg, [(0, 0), (0, t_pad - T)], mode="edge"),
+            jnp.pad(kv_seg, [(0, 0), (0, s_pad - S)], mode="edge"),
+        )
 
     transforms = (
         plgpu.TilingTransform((8, SWIZZLE // q.dtype.itemsize)),
@@ -417,8 +460,11 @@ def forward(
             (NUM_CONSUMERS, config.block_q, config.block_kv), q.dtype, transforms=transforms
         ),
         lse_smem=plgpu.SMEM((NUM_CONSUMERS, config.block_q), jnp.float32),
-        q_ready=plgpu.Barrier(num_barriers=NUM_CONSUMERS),
-        k_ready=plgpu.Barrier(num_barriers=stages),
+        q_seg_smem=plgpu.SMEM((NUM_CONSUMERS, config.block_q), jnp.int32) if seg_inputs else None,
+        kv_seg_smem=plgpu.SMEM((stages, config.block_kv), jnp.int32) if seg_inputs else None,
+        # With segment ids, their copies complete the Q and K barriers too.
+        q_ready=plgpu.Barrier(num_arrivals=1 + bool(seg_inputs), num_barriers=NUM_CONSUMERS),
+        k_ready=plgpu.Barrier(num_arrivals=1 + bool(seg_inputs), num_barriers=stages),
         v_ready=plgpu.Barrier(num_barriers=stages),
         k_free=plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
         v_free=plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
@@ -446,5 +492,5 @@ def forward(
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=None if interpret is False else interpret,
         kernel_name="pallas_flash_mosaic_fwd",
-    )(q_len.astype(jnp.int32), kv_len.astype(jnp.int32), ranges, q, k, v)
+    )(q_len.astype(jnp.int32), kv_len.astype(jnp.int32), ranges, q, k, v, *seg_inputs)
     return o[:, :T, :, :H], lse[:, :, :T]
