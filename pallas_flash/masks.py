@@ -135,7 +135,7 @@ def pack_mask_bits(mask):
 
 
 def unpack_mask_bits(words, seq_k: int):
-    """The inverse of pack_mask_bits (for tests and the reference checks)."""
+    """The inverse of pack_mask_bits (the tests check the packing with it)."""
     shifts = jnp.arange(MASK_WORD_BITS, dtype=jnp.int32)
     bits = (words.astype(jnp.int32)[..., None] >> shifts) & 1
     return bits.reshape(*words.shape[:-1], -1)[..., :seq_k] != 0
