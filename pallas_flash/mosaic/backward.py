@@ -70,7 +70,14 @@ from pallas_flash.mosaic.config import (
     MosaicBwdConfig,
     padded_head_dim,
 )
-from pallas_flash.mosaic.forward import _COL, _ROW, _pad, intersect_tables, unsupported
+from pallas_flash.mosaic.forward import (
+    _COL,
+    _ROW,
+    _pad,
+    intersect_tables,
+    stream_kv_tiles,
+    unsupported,
+)
 
 
 def _accumulate(terms, staging):
@@ -351,35 +358,16 @@ def _dq_kernel(
     def _producer():
         plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
         kv_head = lax.div(h, jnp.int32(group))
-
-        def load(j, _):
-            slot = slot_of(j)
-            keys = (b, pl.ds(j * bk, bk), kv_head)
-            reuse = j - lo >= stages
-
-            @pl.when(reuse)
-            def _():
-                plgpu.barrier_wait(k_free.at[slot])
-
-            plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[slot], k_ready.at[slot])
-            if kv_seg_ref is not None:  # the tile's key ids travel with K
-                plgpu.copy_gmem_to_smem(
-                    kv_seg_ref.at[keys[:2]], kv_seg_smem.at[slot], k_ready.at[slot]
-                )
-
-            @pl.when(reuse)
-            def _():
-                plgpu.barrier_wait(v_free.at[slot])
-
-            plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem.at[slot], v_ready.at[slot])
-
-        lax.fori_loop(lo, hi, load, None)
-
-        def drain(j, _):
-            plgpu.barrier_wait(k_free.at[slot_of(j)])
-            plgpu.barrier_wait(v_free.at[slot_of(j)])
-
-        lax.fori_loop(jnp.maximum(lo, hi - stages), hi, drain, None)
+        stream_kv_tiles(
+            (k_ref, v_ref, kv_seg_ref),
+            (k_smem, v_smem, kv_seg_smem),
+            (k_ready, v_ready, k_free, v_free),
+            b=b,
+            kv_head=kv_head,
+            lo=lo,
+            hi=hi,
+            block_kv=bk,
+        )
 
     @pl.when(wg < consumers)
     def _consumer():

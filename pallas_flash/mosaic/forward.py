@@ -146,6 +146,55 @@ def _online_softmax(s, m_i, l_i, c: float, keep):
     return p, m_new, l_i, alpha
 
 
+def stream_kv_tiles(refs, smem, barriers, *, b, kv_head, lo, hi, block_kv: int):
+    """The producer warpgroup of the forward and dQ kernels: key/value tiles lo .. hi - 1
+    of (b, kv_head) into a ring of shared-memory slots by TMA, each with its key ids when
+    the call has segment ids, then a wait for the consumers to release the last ones.
+
+    `refs` (K, V, key ids or None) in HBM, `smem` their rings (tile j in slot
+    (j - lo) % stages), `barriers` (k_ready, v_ready, k_free, v_free) per slot.
+    """
+    k_ref, v_ref, kv_seg_ref = refs
+    k_smem, v_smem, kv_seg_smem = smem
+    k_ready, v_ready, k_free, v_free = barriers
+    stages = k_smem.shape[0]
+
+    def slot_of(j):
+        return lax.rem(j - lo, jnp.int32(stages))
+
+    def load(j, _):
+        slot = slot_of(j)
+        rows = pl.ds(j * block_kv, block_kv)
+        # The slot held tile j - stages: overwrite it once every consumer is done.
+        reuse = j - lo >= stages
+
+        @pl.when(reuse)
+        def _():
+            plgpu.barrier_wait(k_free.at[slot])
+
+        plgpu.copy_gmem_to_smem(k_ref.at[b, rows, kv_head], k_smem.at[slot], k_ready.at[slot])
+        if kv_seg_ref is not None:  # the tile's key segment ids travel with K
+            plgpu.copy_gmem_to_smem(kv_seg_ref.at[b, rows], kv_seg_smem.at[slot], k_ready.at[slot])
+
+        @pl.when(reuse)
+        def _():
+            plgpu.barrier_wait(v_free.at[slot])
+
+        plgpu.copy_gmem_to_smem(v_ref.at[b, rows, kv_head], v_smem.at[slot], v_ready.at[slot])
+
+    lax.fori_loop(lo, hi, load, None)
+
+    def drain(j, _):
+        slot = slot_of(j)
+        plgpu.barrier_wait(k_free.at[slot])
+        plgpu.barrier_wait(v_free.at[slot])
+
+    # Wait for the consumers to release the last tiles too: the shared memory must not
+    # be released under them, and a barrier should end with every phase seen (GPU
+    # interpret mode checks this at deallocation).
+    lax.fori_loop(jnp.maximum(lo, hi - stages), hi, drain, None)
+
+
 _ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per row of a wgmma accumulator
 _COL = plgpu.Layout.WGMMA.reduce(0)  # one value per column
 
@@ -199,40 +248,16 @@ def _kernel(
     def _producer():
         plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
         kv_head = lax.div(h, jnp.int32(group))
-
-        def load(j, _):
-            slot = slot_of(j)
-            rows = pl.ds(j * block_kv, block_kv)
-            # The slot held tile j - stages: overwrite it once both consumers are done.
-            reuse = j - lo >= stages
-
-            @pl.when(reuse)
-            def _():
-                plgpu.barrier_wait(k_free.at[slot])
-
-            plgpu.copy_gmem_to_smem(k_ref.at[b, rows, kv_head], k_smem.at[slot], k_ready.at[slot])
-            if kv_seg_ref is not None:  # the tile's key segment ids travel with K
-                plgpu.copy_gmem_to_smem(
-                    kv_seg_ref.at[b, rows], kv_seg_smem.at[slot], k_ready.at[slot]
-                )
-
-            @pl.when(reuse)
-            def _():
-                plgpu.barrier_wait(v_free.at[slot])
-
-            plgpu.copy_gmem_to_smem(v_ref.at[b, rows, kv_head], v_smem.at[slot], v_ready.at[slot])
-
-        lax.fori_loop(lo, hi, load, None)
-
-        def drain(j, _):
-            slot = slot_of(j)
-            plgpu.barrier_wait(k_free.at[slot])
-            plgpu.barrier_wait(v_free.at[slot])
-
-        # Wait for the consumers to release the last tiles too: the shared memory must
-        # not be released under them, and a barrier should end with every phase seen
-        # (GPU interpret mode checks this at deallocation).
-        lax.fori_loop(jnp.maximum(lo, hi - stages), hi, drain, None)
+        stream_kv_tiles(
+            (k_ref, v_ref, kv_seg_ref),
+            (k_smem, v_smem, kv_seg_smem),
+            (k_ready, v_ready, k_free, v_free),
+            b=b,
+            kv_head=kv_head,
+            lo=lo,
+            hi=hi,
+            block_kv=block_kv,
+        )
 
     @pl.when(wg < _PRODUCER)
     def _consumer():
