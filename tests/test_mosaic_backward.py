@@ -25,12 +25,10 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_flash import masks, reference
 from pallas_flash.logits import Logits
 from pallas_flash.mosaic import backward as mosaic_backward
-from pallas_flash.mosaic import forward as mosaic_forward
 from pallas_flash.mosaic.config import (
     MosaicBwdConfig,
     MosaicConfig,
     default_mosaic_bwd_config,
-    default_mosaic_config,
 )
 from tests import test_mosaic
 from tests.cases import Case, packed, tolerance_check
@@ -108,20 +106,8 @@ def _backward(case, config, interpret, q, k, v, o, lse, do, dlse):
 
 
 def _mosaic_forward(case, interpret, q, k, v):
-    q_len, kv_len = _lengths(case)
     config = MosaicConfig(block_q=64, block_kv=64) if interpret else None
-    return mosaic_forward.forward(
-        q,
-        k,
-        v,
-        q_len,
-        kv_len,
-        _segments(case),
-        spec=_spec(case),
-        scale=case.head_dim**-0.5,
-        config=config or default_mosaic_config(case.head_dim),
-        interpret=interpret,
-    )
+    return test_mosaic._mosaic(case, config, interpret, qkv=(q, k, v))
 
 
 def _compare(case, config, interpret, seed: int = 0, *, with_dlse=True, mosaic_forward_=False):
