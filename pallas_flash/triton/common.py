@@ -83,14 +83,10 @@ def interval_loops(body, bounds, carry):
     before = full_lo - lo  # boundary tiles before the unmasked run, then those after it
 
     def boundary(t, carry):
-        j = full_hi + t if _is_zero(before) else jnp.where(t < before, lo + t, full_hi + t - before)
+        j = jnp.where(t < before, lo + t, full_hi + t - before)
         return body(j, carry, masked=True)
 
     return lax.fori_loop(0, before + (hi - full_hi), boundary, carry)
-
-
-def _is_zero(x) -> bool:
-    return isinstance(x, int) and x == 0
 
 
 def tile_bounds(
