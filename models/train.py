@@ -352,13 +352,13 @@ def _memory_report(train_step, state, batch, out: pathlib.Path) -> int:
         temp_bytes=m.temp_size_in_bytes,
         total_bytes=m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes,
     )
-    free = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
-    report["device_bytes"] = free
+    limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")  # None on CPU
+    report["device_bytes"] = limit
     (out / "memory.json").write_text(json.dumps(report) + "\n")
     fits = ""
-    if free is not None:
-        verdict = "fits" if report["total_bytes"] <= free else "does not fit"
-        fits = f" of {free / 1e9:.1f} GB ({verdict})"
+    if limit is not None:
+        verdict = "fits" if report["total_bytes"] <= limit else "does not fit"
+        fits = f" of {limit / 1e9:.1f} GB ({verdict})"
     print(
         f"train step per device: {report['total_bytes'] / 1e9:.2f} GB{fits}: arguments "
         f"{m.argument_size_in_bytes / 1e9:.2f}, outputs {m.output_size_in_bytes / 1e9:.2f}, "
