@@ -38,11 +38,12 @@ for step in "$@"; do
              -p no:benchmark -rA -n 8 -k "${step#tests-}" > "$OUT/gpu-$step.log" 2>&1
            echo "pytest rc=$?"; tail -2 "$OUT/gpu-$step.log" ;;
     # Ours alone, where the peers add nothing to what is measured (issue 4's overheads);
-    # masks-ours:LABELS / paper-ours:LABELS keep those mask labels only.
+    # masks-ours:LABELS / paper-ours:LABELS keep those mask labels only (env BENCH_BUDGET:
+    # seconds before no new shape starts, default 240).
     masks-ours*|paper-ours*) suite=${step%%-ours*}; labels=${step#*-ours}; labels=${labels#:}
-             timeout 300 python3 -m benchmarks.bench --suite "$suite" \
-             --commit "$commit" --run-id "$run_id" --impls pallas_flash:triton \
-             ${labels:+--masks "$labels"} --time-budget 240 --out "$OUT/$suite.jsonl" ;;
+             budget=${BENCH_BUDGET:-240}; timeout $((budget + 60)) python3 -m benchmarks.bench \
+             --suite "$suite" --commit "$commit" --run-id "$run_id" --impls pallas_flash:triton \
+             ${labels:+--masks "$labels"} --time-budget "$budget" --out "$OUT/$suite.jsonl" ;;
     # mosaic-fa:HEAD_DIMS[:CAUSAL]: the Hopper kernels against the fastest peers, fa grid.
     mosaic-fa:*) hd=${step#mosaic-fa:}; causal=${hd#*:}; [ "$causal" = "$hd" ] && causal=
              timeout 300 python3 -m benchmarks.bench --suite fa --commit "$commit" \
