@@ -96,18 +96,20 @@ for step in "$@"; do
                cp "runs/par-$name/metrics.jsonl" "$OUT/par-$name.jsonl"
              done ;;
     # train-long:T: a context of T tokens, one GPU against a ring over two; each first
-    # reports the compiled step's memory per GPU (--memory-report: compile only).
+    # reports the compiled step's memory per GPU (--memory-report: compile only). No
+    # evaluation: the validation split (0.5 M bytes) is shorter than such a context.
     train-long:*) T=${step#train-long:}
              for mode in "one:" "seq2:--seq-parallel 2"; do
-               name=${mode%%:*}
-               timeout 150 python3 -m models.train --preset small --seq-len "$T" --batch 1 \
+               name=${mode%%:*}; flags="--preset small --seq-len $T --batch 1 --eval-every 0"
+               XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 150 python3 -m models.train $flags \
                  --sample 0 ${mode#*:} --memory-report --out "runs/long-$T-$name" 2>&1 \
                  | grep -E "train step|rror" | tail -2
                cp "runs/long-$T-$name/memory.json" "$OUT/long-$T-$name-memory.json"
-               timeout 280 python3 -m models.train --preset small --seq-len "$T" --batch 1 \
+               XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 280 python3 -m models.train $flags \
                  --steps 2 --sample 0 ${mode#*:} --out "runs/long-$T-$name" 2>&1 \
                  | tr '\r' '\n' | grep -v '^\[' > "$OUT/long-$T-$name.log"
                echo "$name rc=${PIPESTATUS[0]}"; tail -3 "$OUT/long-$T-$name.log"
+               cp "runs/long-$T-$name/metrics.jsonl" "$OUT/long-$T-$name.jsonl"
              done ;;
     *) echo "unknown step $step" ;;
   esac

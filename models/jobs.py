@@ -116,6 +116,7 @@ class GPTJob:
         self.vocab = data.Vocab.of(args.dataset, root)
         self.mesh = sharding.make_mesh(args.data_parallel, args.seq_parallel)
         self.cfg = gpt_config(args, self.vocab.size)
+        self._check_lengths()
         # Bytes per token id, 0 for the embedding's padding rows (never a target).
         self.token_bytes = np.zeros(self.cfg.padded_vocab, np.int32)
         self.token_bytes[: self.vocab.size] = self.vocab.token_bytes()
@@ -166,6 +167,20 @@ class GPTJob:
     def train_fields(self, loss, m):
         bpb = bits_per_byte(loss, self.tokens, int(m["bytes"]))
         return dict(bpb=bpb), f"loss {loss:.3f} ({bpb:.3f} bpb)"
+
+    def _check_lengths(self):
+        """A window is seq_len + 1 tokens: a split shorter than that has none to draw (the
+        validation split only matters when there is evaluation)."""
+        need = self.cfg.seq_len + 1
+        splits = [("train", self.train)] + ([("val", self.val)] if self.args.eval_every else [])
+        for name, tokens in splits:
+            if len(tokens) < need:
+                hint = " or --eval-every 0 (no evaluation)" if name == "val" else ""
+                raise SystemExit(
+                    f"the {self.args.dataset} {name} split has {len(tokens):,} tokens, fewer "
+                    f"than one window of --seq-len {self.cfg.seq_len:,} + 1: use a shorter "
+                    f"--seq-len{hint}"
+                )
 
     def evaluate(self, params):
         a = self.args

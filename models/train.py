@@ -196,6 +196,8 @@ def parse(argv):
     for field in dataclasses.fields(recipe):
         if getattr(args, field.name, None) is None:
             setattr(args, field.name, getattr(recipe, field.name))
+    if args.eval_every < 0:
+        p.error(f"--eval-every {args.eval_every} must be 0 (no evaluation) or more")
     for flag, size in (
         ("--data-parallel", args.data_parallel),
         ("--seq-parallel", args.seq_parallel),
@@ -293,7 +295,10 @@ def main(argv=None) -> int:  # noqa: C901 - a training loop reads best in one pi
         out_of_time = (
             args.max_minutes is not None and time.perf_counter() - t0 > 60 * args.max_minutes
         )
-        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps or out_of_time:
+        # --eval-every 0: no evaluation at all (a context longer than the validation split).
+        if args.eval_every and (
+            (step + 1) % args.eval_every == 0 or step + 1 == args.steps or out_of_time
+        ):
             t = time.perf_counter()
             fields, text = job.evaluate(state[0])
             eval_seconds += time.perf_counter() - t

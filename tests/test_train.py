@@ -339,3 +339,18 @@ def test_remat_gives_the_same_gradients_with_less_memory():
     for a, b in zip(jax.tree.leaves(grads_r), jax.tree.leaves(grads)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
     assert temp_r < temp
+
+
+def test_context_longer_than_the_validation_split(corpus, tmp_path, capsys):
+    """A window of --seq-len + 1 tokens must fit a split: the validation split's shortfall
+    names --eval-every 0, which trains with no evaluation at all (long-context runs)."""
+    argv = ["--dataset", "toy", "--data-dir", str(corpus), "--batch", "1", "--seq-len", "4096"]
+    argv += ["--steps", "1", "--sample", "0"]
+    with pytest.raises(SystemExit, match=r"val split has 4,000 tokens.*--eval-every 0"):
+        train.main([*argv, "--out", str(tmp_path / "a")])
+    with pytest.raises(SystemExit, match=r"train split has 16,000 tokens"):
+        train.main([*argv, "--seq-len", "20000", "--out", str(tmp_path / "b")])
+    assert train.main([*argv, "--eval-every", "0", "--out", str(tmp_path / "c")]) in (0, None)
+    rows = [json.loads(x) for x in (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [0]
+    assert not any("val_loss" in r for r in rows)
