@@ -3,23 +3,31 @@
     python -m benchmarks.mask_layouts --out F.jsonl [--tiny]
 
 Issue 4 allows a boolean mask 25 % over the unmasked kernel; the forward measured 1.28x
-with the mask bit-packed along the keys (`masks-38e3e75.jsonl`). Which part costs is
+with the mask bit-packed along the keys (`masks-38e3e75.jsonl`). Which part costs was
 not known: the bytes, spreading the bits over the tile, or the select on every score.
 This times the forward, backward and both with each layout below, each checked against
 the float32 reference first, against the unmasked kernel of the same run:
 
-- `bits-keys`: the library's layout (masks.pack_mask_bits, 16 keys per int16 word); a
-  tile loads its words and spreads them with a broadcast, an AND and a reshape.
+- `bits-rows`: the library's layout (masks.pack_mask_bits along T, axis=-2, 16 query
+  rows per int16 word); a tile loads [block_q / 16, block_kv] words and spreads them
+  with a broadcast, an AND and a reshape that merges leading axes only.
+- `bits-keys`: 16 keys per int16 word (packed along S, axis=-1), spread with a
+  broadcast, an AND and a reshape that splits the key axis: the library's layout from
+  fa74dc8 until `bits-rows` replaced it, and still its layout for masks constant along T
+  (key padding, [B, 1, 1, S]).
 - `bits-keys-gather`: the same words, read with one (cached) load per score whose column
   picks its word and bit: no reshape, more load instructions.
-- `bits-rows`: 16 query rows per word (packed along T); the reshape merges leading axes
-  only.
 - `bytes`: one int8 per (query, key), the layout before fa74dc8 (8x the bytes).
+
+On the H200 at T = 8k (`mask-layouts-a5fdc5b.jsonl`, when the library still read
+`bits-keys`) bits along the rows cost 1.16-1.18x the unmasked forward and 1.07-1.10x the
+backward, bits along the keys 1.29x and 1.14-1.23x; so the library's layout is now
+`bits-rows`.
 
 Each layout is installed by swapping the three functions that define it (the packing in
 `vjp.kernel_mask`, the kernels' `mask_inputs` and `load_mask_tile`) while its calls
-are traced; the library's own layout is `bits-keys`. Only masks that vary along both T
-and S are served by the alternatives (the suite's [B, 1, T, S] masks).
+are traced; `bits-rows` installs the library's own three as they are. Only masks that
+vary along both T and S are served by the alternatives (the suite's [B, 1, T, S] masks).
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ W = masks.MASK_WORD_BITS
 @dataclasses.dataclass(frozen=True)
 class Layout:
     name: str
-    pack: Callable  # bool [.., T, S] -> the array the kernels read
+    pack: Callable | None  # bool [.., T, S] -> the array the kernels read; None: the library's
     inputs: Callable  # common.mask_inputs's signature
     load: Callable  # common.load_mask_tile's signature -> bool [block_r, block_c]
 
@@ -52,6 +60,24 @@ class Layout:
 def _both_full(dims) -> None:
     if not (dims[2] and dims[3]):
         raise NotImplementedError("this layout serves masks that vary along T and S only")
+
+
+def _keys_pack(mask):
+    return masks.pack_mask_bits(mask, axis=-1)
+
+
+def _keys_inputs(mask, dims, t_pad, s_pad, batch_of, head_of, head_block=None):
+    _both_full(dims)
+    return common.broadcast_inputs(mask, dims, t_pad, s_pad // W, batch_of, head_of, head_block)
+
+
+def _keys_load(ref, head, r0, c0, block_r, block_c, seq_r, seq_c, dims):
+    _both_full(dims)
+    words = common.load_broadcast_tile(
+        ref, head, r0, c0 // W, block_r, block_c // W, seq_r, -(-seq_c // W), dims
+    ).astype(jnp.int32)  # [block_r, block_c / W]; words past the end read as 0
+    bits = words[:, :, None] & (1 << jnp.arange(W, dtype=jnp.int32))[None, None, :]
+    return bits.reshape(block_r, block_c) != 0
 
 
 def _gather_load(ref, head, r0, c0, block_r, block_c, seq_r, seq_c, dims):
@@ -68,24 +94,6 @@ def _gather_load(ref, head, r0, c0, block_r, block_c, seq_r, seq_c, dims):
     return (words >> (cols % W)[None, :]) & 1 != 0
 
 
-def _rows_pack(mask):
-    return jnp.swapaxes(masks.pack_mask_bits(jnp.swapaxes(mask, -1, -2)), -1, -2)
-
-
-def _rows_inputs(mask, dims, t_pad, s_pad, batch_of, head_of, head_block=None):
-    _both_full(dims)
-    return common.broadcast_inputs(mask, dims, t_pad // W, s_pad, batch_of, head_of, head_block)
-
-
-def _rows_load(ref, head, r0, c0, block_r, block_c, seq_r, seq_c, dims):
-    _both_full(dims)
-    words = common.load_broadcast_tile(
-        ref, head, r0 // W, c0, block_r // W, block_c, -(-seq_r // W), seq_c, dims
-    ).astype(jnp.int32)  # [block_r / W, block_c]
-    bits = words[:, None, :] & (1 << jnp.arange(W, dtype=jnp.int32))[None, :, None]
-    return bits.reshape(block_r, block_c) != 0
-
-
 def _bytes_inputs(mask, dims, t_pad, s_pad, batch_of, head_of, head_block=None):
     return common.broadcast_inputs(mask, dims, t_pad, s_pad, batch_of, head_of, head_block)
 
@@ -95,13 +103,9 @@ def _bytes_load(ref, head, r0, c0, block_r, block_c, seq_r, seq_c, dims):
 
 
 LAYOUTS = {
-    "bits-keys": Layout(
-        "bits-keys", masks.pack_mask_bits, common.mask_inputs, common.load_mask_tile
-    ),
-    "bits-keys-gather": Layout(
-        "bits-keys-gather", masks.pack_mask_bits, common.mask_inputs, _gather_load
-    ),
-    "bits-rows": Layout("bits-rows", _rows_pack, _rows_inputs, _rows_load),
+    "bits-keys": Layout("bits-keys", _keys_pack, _keys_inputs, _keys_load),
+    "bits-keys-gather": Layout("bits-keys-gather", _keys_pack, _keys_inputs, _gather_load),
+    "bits-rows": Layout("bits-rows", None, common.mask_inputs, common.load_mask_tile),
     "bytes": Layout("bytes", lambda m: m.astype(jnp.int8), _bytes_inputs, _bytes_load),
 }
 
@@ -112,7 +116,7 @@ def installed(layout: Layout):
     library_kernel_mask = vjp.kernel_mask
 
     def kernel_mask(plan, mask):
-        if mask is not None and plan.backend == "triton":
+        if mask is not None and plan.backend == "triton" and layout.pack is not None:
             return layout.pack(mask)
         return library_kernel_mask(plan, mask)
 

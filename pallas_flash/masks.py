@@ -116,29 +116,65 @@ def dense_mask(
     return jnp.broadcast_to(keep, (q_len.shape[0], seq_q, seq_kv))[:, None]
 
 
-MASK_WORD_BITS = 16  # the Triton kernels' tiles are >= 16 keys wide: whole words
+MASK_WORD_BITS = 16  # the Triton kernels' tiles are >= 16 long on both axes: whole words
 
 
-def pack_mask_bits(mask):
-    """A boolean mask [..., S] -> int16 words [..., ceil(S / 16)]: bit c of word w is
-    mask[..., 16 w + c] (columns past S are False).
+def mask_word_axis(dims) -> int | None:
+    """Along which axis the Triton kernels read a boolean mask bit-packed, from its
+    `mask_dims` (which of [B, N, T, S] it has in full): -2, the query rows, when it varies
+    along T; else -1, the keys, when it varies along S; else None (int8, broadcast).
 
-    The Triton kernels read a mask that varies along the keys in this form: a tile costs
-    1/8 of the bytes of an int8 mask, and one XLA fusion packs it once per call, shared
-    by the forward and backward kernels.
+    Why rows first: see pack_mask_bits."""
+    if dims is None:
+        return None
+    if dims[2]:
+        return -2
+    if dims[3]:
+        return -1
+    return None
+
+
+def pack_mask_bits(mask, *, axis: int):
+    """A boolean mask -> int16 words holding 16 consecutive positions of `axis` each: bit
+    b of word w is position 16 w + b along `axis`, which shrinks to ceil(n / 16); the bits
+    past the end are False (masked out). `axis` is -2 (query rows) or -1 (keys) for the
+    Triton kernels, which take the axis from mask_word_axis.
+
+    Why bits: a tile costs 1/8 of the bytes of an int8 mask, and one XLA fusion packs the
+    mask once per call (vjp.kernel_mask), shared by the forward and backward kernels.
+
+    Why along the rows when the mask varies there: a [block_q, block_kv] tile then loads
+    [block_q / 16, block_kv] words and spreads each over 16 rows, and the reshape back to
+    the tile merges leading axes only, leaving the key axis (the tile's minor one) alone,
+    where bits along the keys must split it (presumably what they pay for). On an H200
+    at T = 8k (benchmarks/results/mask-layouts-a5fdc5b.jsonl, from benchmarks/mask_layouts.py)
+    bits along the rows cost 1.16-1.18x the unmasked forward and 1.07-1.10x its backward,
+    bits along the keys 1.29x and 1.14-1.23x. A mask constant along the rows but not the
+    keys (key padding, [B, 1, 1, S]) is packed along the keys: its one row of words is
+    broadcast over the tile's rows.
     """
-    pad = -mask.shape[-1] % MASK_WORD_BITS
-    bits = jnp.pad(mask, [(0, 0)] * (mask.ndim - 1) + [(0, pad)])
-    bits = bits.reshape(*bits.shape[:-1], -1, MASK_WORD_BITS).astype(jnp.uint32)
-    words = (bits << jnp.arange(MASK_WORD_BITS, dtype=jnp.uint32)).sum(-1)
+    axis = axis % mask.ndim
+    widths = [(0, 0)] * mask.ndim
+    widths[axis] = (0, -mask.shape[axis] % MASK_WORD_BITS)
+    bits = jnp.pad(mask, widths)
+    bits = bits.reshape(*mask.shape[:axis], -1, MASK_WORD_BITS, *mask.shape[axis + 1 :])
+    shifts = jnp.arange(MASK_WORD_BITS, dtype=jnp.uint32).reshape(
+        MASK_WORD_BITS, *[1] * (mask.ndim - axis - 1)
+    )
+    words = (bits.astype(jnp.uint32) << shifts).sum(axis + 1)
     return lax.bitcast_convert_type(words.astype(jnp.uint16), jnp.int16)
 
 
-def unpack_mask_bits(words, seq_k: int):
-    """The inverse of pack_mask_bits (the tests check the packing with it)."""
-    shifts = jnp.arange(MASK_WORD_BITS, dtype=jnp.int32)
-    bits = (words.astype(jnp.int32)[..., None] >> shifts) & 1
-    return bits.reshape(*words.shape[:-1], -1)[..., :seq_k] != 0
+def unpack_mask_bits(words, length: int, *, axis: int):
+    """The inverse of pack_mask_bits: `axis` back to `length` positions (the tests check
+    the packing with it)."""
+    axis = axis % words.ndim
+    shifts = jnp.arange(MASK_WORD_BITS, dtype=jnp.int32).reshape(
+        MASK_WORD_BITS, *[1] * (words.ndim - axis - 1)
+    )
+    bits = (jnp.expand_dims(words.astype(jnp.int32), axis + 1) >> shifts) & 1
+    bits = bits.reshape(*words.shape[:axis], -1, *words.shape[axis + 1 :])
+    return lax.slice_in_dim(bits, 0, length, axis=axis) != 0
 
 
 def tile_mask(spec: MaskSpec, rows, cols, kv_len, diag, segments=None):

@@ -92,11 +92,16 @@ def attention(
 def kernel_mask(plan: Plan, mask):
     """The user's boolean mask (or None) in the form the backend reads, made once per
     call (outside the custom_vjp) and shared by the forward and backward kernels: the
-    Triton kernels take it bit-packed along the keys when it varies there
-    (masks.pack_mask_bits); every other case takes bytes."""
-    if mask is not None and plan.backend == "triton" and plan.logits.mask_dims[3]:
-        return masks.pack_mask_bits(mask)
-    return None if mask is None else mask.astype(jnp.int8)
+    Triton kernels take it bit-packed, along the query rows when it varies along T, else
+    along the keys when it varies along S (masks.mask_word_axis, masks.pack_mask_bits
+    says why); every other case (a mask constant along both, the other backends) takes
+    bytes."""
+    if mask is None:
+        return None
+    axis = masks.mask_word_axis(plan.logits.mask_dims) if plan.backend == "triton" else None
+    if axis is not None:
+        return masks.pack_mask_bits(mask, axis=axis)
+    return mask.astype(jnp.int8)
 
 
 def _attention_fwd(plan, *args):

@@ -41,8 +41,10 @@ class Case:
     dropout: float = 0.0
     bias: str | None = None  # "full" [B,N,T,S], "heads" [1,N,T,S], "keys" [B,1,1,S]
     # A random boolean mask (70 % attend): True [B, 1, T, S], "heads" [1, N, T, S],
-    # "rows" [B, 1, T, 1] (constant along the keys: the kernels read it unpacked),
-    # "keys" [B, 1, 1, S] (key padding as a mask: one packed row for every query).
+    # "rows" [B, 1, T, 1] (constant along the keys: packed along the rows like the others,
+    # its one column of words broadcast over the keys), "keys" [B, 1, 1, S] (key padding
+    # as a mask: the one mask the kernels read packed along the keys, one row of words
+    # broadcast over every query).
     mask: bool | str = False
     softcap: float | None = None
 
@@ -260,8 +262,9 @@ def table() -> list[Case]:
         Case(2, 130, 130, 4, 1, 32, jnp.bfloat16, causal=True, bias="heads"),
         Case(2, 97, 65, 4, 4, 80, jnp.float16, bias="keys", kv_lens=(65, 30)),
         Case(2, 130, 97, 4, 2, 32, jnp.float32, mask=True, q_lens=(130, 60)),
-        # Per-head masks (read per query head in the GQA group's dK/dV program), a key
-        # length that is no multiple of the 16-key mask words, and a mask without a key axis.
+        # Per-head masks (read per query head in the GQA group's dK/dV program), query and
+        # key lengths that are no multiple of the 16-position mask words (rows past T and
+        # keys past S read as masked out), and masks without a key or a query axis.
         Case(1, 37, 53, 4, 2, 32, jnp.float32, mask="heads"),
         Case(2, 70, 45, 2, 1, 16, jnp.bfloat16, causal=True, mask="rows", kv_lens=(45, 20)),
         Case(2, 33, 90, 4, 4, 32, jnp.float16, mask="keys", q_lens=(33, 17)),

@@ -9,12 +9,14 @@ inputs (segment boundaries, ragged lengths, windows).
 from __future__ import annotations
 
 import hypothesis.strategies as st
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from pallas_flash import masks
+from pallas_flash import configs, masks, vjp
+from pallas_flash.logits import Logits
 from tests.cases import Case, packed, tolerance_check
 from tests.util import run_impl, run_reference
 
@@ -123,15 +125,89 @@ def test_segments_and_ragged_lengths_match_reference(data):
 
 @given(
     st.integers(1, 70),
+    st.integers(1, 40),
+    st.sampled_from([-2, -1]),
     st.integers(0, 2**31 - 1),
 )
 @settings(derandomize=True, max_examples=40, deadline=None)
-def test_mask_bit_packing_round_trips(seq_k, seed):
-    """The Triton kernels' packed mask: 16 keys per int16 word, the bits past the last
-    key are False, and unpacking gives the mask back."""
-    mask = np.random.default_rng(seed).random((2, 3, seq_k)) < 0.5
-    words = np.asarray(masks.pack_mask_bits(jnp.asarray(mask)))
-    assert words.dtype == np.int16 and words.shape == (2, 3, -(-seq_k // 16))
-    np.testing.assert_array_equal(np.asarray(masks.unpack_mask_bits(words, seq_k)), mask)
-    tail = np.asarray(masks.unpack_mask_bits(words, words.shape[-1] * 16))[..., seq_k:]
-    assert not tail.any()
+def test_mask_bit_packing_round_trips(seq_q, seq_k, axis, seed):
+    """The Triton kernels' packed mask, along the query rows (axis -2) or the keys (-1):
+    16 positions per int16 word, the other axis untouched, the bits past the last
+    position False, and unpacking gives the mask back."""
+    mask = np.random.default_rng(seed).random((2, 3, seq_q, seq_k)) < 0.5
+    words = np.asarray(masks.pack_mask_bits(jnp.asarray(mask), axis=axis))
+    n = mask.shape[axis]
+    shape = list(mask.shape)
+    shape[axis] = -(-n // 16)
+    assert words.dtype == np.int16 and words.shape == tuple(shape)
+    got = masks.unpack_mask_bits(words, n, axis=axis)
+    np.testing.assert_array_equal(np.asarray(got), mask)
+    whole = np.asarray(masks.unpack_mask_bits(words, words.shape[axis] * 16, axis=axis))
+    assert not np.take(whole, np.arange(n, whole.shape[axis]), axis=axis).any()
+    # Bit b of word w is position 16 w + b: what load_mask_tile's spreading assumes.
+    w, b = divmod(n - 1, 16)
+    last = np.take(words, w, axis=axis).astype(np.int32) >> b & 1
+    np.testing.assert_array_equal(last != 0, np.take(mask, n - 1, axis=axis))
+
+
+@pytest.mark.parametrize(
+    "dims,axis",
+    [
+        ((True, False, True, True), -2),
+        ((False, True, True, False), -2),
+        ((True, False, False, True), -1),
+        ((True, True, False, False), None),
+        (None, None),
+    ],
+)
+def test_mask_word_axis_prefers_the_rows(dims, axis):
+    """Packed along T whenever the mask varies there (the faster layout,
+    mask-layouts-a5fdc5b.jsonl), along S only for masks constant along T."""
+    assert masks.mask_word_axis(dims) == axis
+
+
+# The Triton kernels' lowering for Hopper (compute capability 9.0), on any machine: an
+# abstract H200 stands in for the device Pallas asks for its compute capability.
+HOPPER = jax.sharding.AbstractMesh(
+    (1,),
+    ("x",),
+    abstract_device=jax.sharding.AbstractDevice(
+        device_kind="NVIDIA H200", num_cores=132, platform="gpu"
+    ),
+)
+
+
+@pytest.mark.parametrize("mask_shape", ["rows", "keys"])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_triton_kernels_with_a_mask_lower_for_hopper(head_dim, dtype, mask_shape):
+    """Pallas to Triton IR for sm_90 (the forward, dK/dV and dQ kernels of one gradient,
+    compiled, not interpreted), with a [B, 1, T, S] mask (packed along the rows) and a
+    [B, 1, 1, S] one (packed along the keys), at the default configs' tiles, GQA, causal,
+    ragged T and S. What is left for the GPU: Triton's own passes, PTX, ptxas, running."""
+    B, T, S, N, K = 2, 300, 257, 4, 2
+    shape = (B, 1, T, S) if mask_shape == "rows" else (B, 1, 1, S)
+    dims = tuple(d == f for d, f in zip(shape, (B, N, T, S)))
+    assert masks.mask_word_axis(dims) == (-2 if mask_shape == "rows" else -1)
+    plan = vjp.Plan(
+        backend="triton",
+        spec=masks.MaskSpec(causal=True),
+        scale=0.1,
+        fwd_config=configs.default_triton_config(head_dim, dtype),
+        bwd_config=configs.default_triton_bwd_config(head_dim, dtype),
+        interpret=False,
+        logits=Logits(mask_dims=dims),
+    )
+
+    def loss(q, k, v, lens, mask):
+        o, _ = vjp.attention(plan, q, k, v, lens, lens, mask=vjp.kernel_mask(plan, mask))
+        return jnp.sum(o.astype(jnp.float32))
+
+    q = jax.ShapeDtypeStruct((B, T, N, head_dim), dtype)
+    kv = jax.ShapeDtypeStruct((B, S, K, head_dim), dtype)
+    lens = jax.ShapeDtypeStruct((B,), jnp.int32)
+    mask = jax.ShapeDtypeStruct(shape, jnp.bool_)
+    with jax.sharding.use_abstract_mesh(HOPPER):
+        traced = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, kv, kv, lens, mask)
+        text = traced.lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("__gpu$xla.gpu.triton") == 3  # forward, dK/dV, dQ

@@ -308,7 +308,8 @@ def backward(
     logits: Logits = Logits(),
 ):
     """Returns dq, dk, dv in the dtypes of q, k, v, and dS [B, N, T, S] (in the bias's
-    dtype) when `logits.bias_grad`, else None."""
+    dtype) when `logits.bias_grad`, else None. `bias` and `mask` as in forward.forward
+    (the mask in load_mask_tile's form, the same array the forward read)."""
     B, T, N, H = q.shape
     _, S, K, _ = k.shape
     G = N // K

@@ -210,27 +210,56 @@ def load_broadcast_tile(
 
 
 def load_mask_tile(ref, head, r0, c0, block_r: int, block_c: int, seq_r: int, seq_c: int, dims):
-    """[block_r, block_c] bool tile of the user's mask (True = attend).
+    """[block_r, block_c] bool tile of the user's mask (True = attend); rows are query
+    rows and columns keys at every call site (the dK/dV kernel's too: it loads the
+    (query tile, key tile) pair it recomputes, untransposed).
 
-    A mask that varies along the keys arrives bit-packed (masks.pack_mask_bits): the
-    tile's words are loaded and each is spread over its 16 columns. One that does not
-    arrives as int8 [.., 1] and is broadcast.
+    The mask arrives in the form masks.mask_word_axis picks (vjp.kernel_mask packs it):
+    - varying along T: bit-packed along the rows (masks.pack_mask_bits, axis=-2). The
+      tile's [block_r / 16, block_c] words are loaded and word w's bit b is spread to row
+      16 w + b by a broadcast, an AND and a reshape that merges leading axes only.
+    - constant along T, varying along S: bit-packed along the keys (axis=-1), one row of
+      [block_c / 16] words, each spread over its 16 columns and broadcast over the rows.
+    - neither: int8 [.., 1, 1], broadcast.
+    Words past the packed extent read as 0, so rows past T and keys past S are masked out.
     """
-    if not dims[3]:
+    axis = masks.mask_word_axis(dims)
+    if axis is None:
         x = load_broadcast_tile(ref, head, r0, c0, block_r, block_c, seq_r, seq_c, dims)
         return x != 0
     w = masks.MASK_WORD_BITS
-    words = load_broadcast_tile(
-        ref, head, r0, c0 // w, block_r, block_c // w, seq_r, -(-seq_c // w), dims
-    ).astype(jnp.int32)  # [block_r, block_c / w]; words past the end read as 0
-    bits = words[:, :, None] & (1 << jnp.arange(w, dtype=jnp.int32))[None, None, :]
+    if (block_r if axis == -2 else block_c) % w:
+        raise ValueError(
+            f"a mask packed along {'the query rows' if axis == -2 else 'the keys'} needs "
+            f"tiles of whole {w}-bit words, got a {block_r} x {block_c} tile"
+        )
+    bit = 1 << jnp.arange(w, dtype=jnp.int32)
+    if axis == -2:
+        words = load_broadcast_tile(
+            ref, head, r0 // w, c0, block_r // w, block_c, -(-seq_r // w), seq_c, dims
+        ).astype(jnp.int32)  # [block_r / w, block_c]
+        bits = words[:, None, :] & bit[None, :, None]
+    else:
+        words = load_broadcast_tile(
+            ref, head, r0, c0 // w, block_r, block_c // w, seq_r, -(-seq_c // w), dims
+        ).astype(jnp.int32)  # [block_r, block_c / w]
+        bits = words[:, :, None] & bit[None, None, :]
     return bits.reshape(block_r, block_c) != 0
 
 
 def mask_inputs(mask, dims, t_pad: int, s_pad: int, batch_of, head_of, head_block=None):
-    """BlockSpec and array for the user's mask, in load_mask_tile's form."""
-    cols = s_pad // masks.MASK_WORD_BITS if dims and dims[3] else s_pad
-    return broadcast_inputs(mask, dims, t_pad, cols, batch_of, head_of, head_block)
+    """BlockSpec and array for the user's mask, in load_mask_tile's form: the packed axis
+    has t_pad / 16 or s_pad / 16 words per (batch, head) block."""
+    axis = masks.mask_word_axis(dims)
+    w = masks.MASK_WORD_BITS
+    rows, cols = t_pad, s_pad
+    if axis is not None and (t_pad if axis == -2 else s_pad) % w:
+        raise ValueError(f"padded lengths {t_pad} x {s_pad} are not whole {w}-bit mask words")
+    if axis == -2:
+        rows = t_pad // w
+    elif axis == -1:
+        cols = s_pad // w
+    return broadcast_inputs(mask, dims, rows, cols, batch_of, head_of, head_block)
 
 
 def scores(q, k, *, scale: float, bias=None, softcap=None):

@@ -172,7 +172,8 @@ def forward(
     """Returns O [B, T, N, H] in q's dtype and the logsumexp [B, N, T] float32.
 
     `bias` and `mask` broadcast to [B, N, T, S] as `logits.bias_dims` / `logits.mask_dims`
-    say; `mask` is in load_mask_tile's form (bit-packed along S when it varies there).
+    say; `mask` is in load_mask_tile's form (vjp.kernel_mask's: bit-packed along T when it
+    varies there, else along S when it varies there, else int8).
     """
     B, T, N, H = q.shape
     _, S, K, _ = k.shape
