@@ -359,11 +359,11 @@ def _memory_report(train_step, state, batch, out: pathlib.Path) -> int:
     )
     limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")  # None on CPU
     report["device_bytes"] = limit
+    report["fits"] = None if limit is None else report["total_bytes"] <= limit
     (out / "memory.json").write_text(json.dumps(report) + "\n")
     fits = ""
     if limit is not None:
-        verdict = "fits" if report["total_bytes"] <= limit else "does not fit"
-        fits = f" of {limit / 1e9:.1f} GB ({verdict})"
+        fits = f" of {limit / 1e9:.1f} GB ({'fits' if report['fits'] else 'does not fit'})"
     print(
         f"train step per device: {report['total_bytes'] / 1e9:.2f} GB{fits}: arguments "
         f"{m.argument_size_in_bytes / 1e9:.2f}, outputs {m.output_size_in_bytes / 1e9:.2f}, "
