@@ -7,7 +7,8 @@ lengths as columns, TFLOP/s in the cells; each of ours gets a second line with i
 ratio to the best peer measured in the same run. The memory suite's table gives
 compiled temporary MiB, with "failed" where an implementation could not compile or run.
 The launch-config sweep's table (benchmarks/sweep.py) sets each default config's time
-against the fastest candidate's, per head dim, causal and pass.
+against the fastest candidate's, per head dim, causal and pass. Ring attention's rows
+(benchmarks/ring.py) give its errors against one device and its time against one device's.
 """
 
 from __future__ import annotations
@@ -271,6 +272,58 @@ def hbm_table(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+def ring_table(rows: list[dict]) -> str:
+    """benchmarks/ring.py's rows: the check against one device, then the times on one
+    device and on the ring, and the ring's share of one device's time."""
+    rs = [r for r in rows if r.get("suite") == "ring"]
+    if not rs:
+        return ""
+    out = []
+    for c in (r for r in rs if r["kind"] == "check"):
+        names = list(c["max_rel_err"])
+        out += [
+            f"Ring attention on {c['devices']} devices against one, T = {_seq_label(c['seq'])} "
+            f"(B={c['batch']}, N={c['heads']}, H={c['head_dim']}, {c['dtype']}, "
+            f"{'causal' if c['causal'] else 'non-causal'}): largest relative errors",
+            "",
+            "| | " + " | ".join(names) + " |",
+            "|---|" + "---|" * len(names),
+            "| ring against one device | "
+            + " | ".join(f"{c['max_rel_err'][n]:.2g}" for n in names)
+            + " |",
+            "| one device's kernel against float32 | "
+            + " | ".join(f"{c['kernel_rel_err'][n]:.2g}" for n in names)
+            + " |",
+            "",
+        ]
+    timed = [r for r in rs if r["kind"] == "time"]
+    for seq in sorted({r["seq"] for r in timed}):
+        cell = {(r["devices"], r["pass"]): r for r in timed if r["seq"] == seq}
+        devices = sorted({d for d, _ in cell})
+        head = " | ".join(f"{d} device{'s' if d > 1 else ''}" for d in devices)
+        out += [
+            f"Forward (+ backward) at T = {_seq_label(seq)}: ms (TFLOP/s over all devices); "
+            "time against one device's",
+            "",
+            f"| pass | {head} | " + " | ".join(f"{d} / 1" for d in devices[1:]) + " |",
+            "|---|" + "---|" * (2 * len(devices) - 1),
+        ]
+        for p in ("fwd", "fwd+bwd"):
+            got = [cell.get((d, p)) for d in devices]
+            if None in got:
+                continue
+            base = got[0]["ms"]
+            out.append(
+                f"| {p} | "
+                + " | ".join(f"{r['ms']:.1f} ({r['tflops']:.0f})" for r in got)
+                + " | "
+                + " | ".join(f"{r['ms'] / base:.2f}x" for r in got[1:])
+                + " |"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
 def config_label(c: dict) -> str:
     """A config in a cell. Triton: "128x64 w8 s3", or "dkv 64x64 dq 64x64 w4 s2".
     Mosaic: "64x128 s2" (block_q per warpgroup x block_kv, stages; "no-pingpong",
@@ -410,7 +463,9 @@ def main(argv=None):
     bench_rows = [r for r in rows if "suite" in r]
     hbm_rows = [r for r in rows if "suite" not in r]
     speed = [
-        r for r in bench_rows if r["suite"] not in ("masks", "sparse", "sweep", "mask-layouts")
+        r
+        for r in bench_rows
+        if r["suite"] not in ("masks", "sparse", "sweep", "mask-layouts", "ring")
     ]
     for text in (
         speed_tables(speed),
@@ -420,6 +475,7 @@ def main(argv=None):
         sparse_table(bench_rows),
         hbm_table(hbm_rows),
         sweep_table(bench_rows),
+        ring_table(bench_rows),
     ):
         if text:
             print(text)

@@ -282,7 +282,10 @@ def main(argv=None) -> int:  # noqa: C901 - a training loop reads best in one pi
             **fields,
             lr=float(schedule(step)),
             grad_norm=float(m["grad_norm"]),
-            **{f"{job.unit}_per_s": rate},
+            **{f"{job.unit}_per_s": rate, f"{job.unit}_seen": seen},
+            # Seconds of training so far (compilation in, evaluation out): differences
+            # between steps give the steady rate (python -m models.report).
+            train_seconds=time.perf_counter() - t0 - eval_seconds,
             batch_id=batch_id,
         )
         done = (step + 1) / args.steps

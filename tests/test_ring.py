@@ -207,3 +207,8 @@ def test_benchmark_runs_tiny(tmp_path):
     assert all(r["ms"] > 0 for r in timed.values()) and timed[2, "fwd+bwd"]["speedup"] > 0
     memory = {r["devices"]: r for r in rows if r["kind"] == "memory"}
     assert set(memory) == {1, 2} and all(r["temp_per_shard"] > 0 for r in memory.values())
+    from benchmarks import render
+
+    table = render.ring_table(rows)  # the README's ring tables come from these rows
+    two = timed[2, "fwd+bwd"]["ms"] / timed[1, "fwd+bwd"]["ms"]
+    assert "| ring against one device |" in table and f"| {two:.2f}x |" in table

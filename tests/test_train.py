@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import data, jobs, sharding, train
+from models import data, jobs, report, sharding, train
 
 
 def _corpus(root):
@@ -155,6 +155,25 @@ def test_checkpoint_of_four_devices_resumes_on_one(sharded_runs):
             [got[s] for s in got], [want[s] for s in got], rtol=RTOL, err_msg=key
         )
     assert _by_step(after, "batch_id") == {s: _by_step(one, "batch_id")[s] for s in (4, 5)}
+
+
+def test_report_sets_runs_side_by_side(sharded_runs):
+    """models.report: evaluations per step, drift from the first run, steady rate; the
+    killed-and-resumed run's clock restarts, so its rate covers the last stretch only."""
+    (_, one), _, (_, resumed) = sharded_runs
+    steps = [r for r in resumed if "loss" in r]
+    restart = next(i for i in range(1, len(steps)) if steps[i]["step"] == 4)
+    assert steps[restart]["train_seconds"] < steps[restart - 1]["train_seconds"]
+    rate, steady = report.steady_rate(resumed, skip=0)
+    tail = steps[restart:]
+    want = (tail[-1]["tokens_seen"] - tail[0]["tokens_seen"]) / (
+        tail[-1]["train_seconds"] - tail[0]["train_seconds"]
+    )
+    assert steady and rate == pytest.approx(want)
+    table = report.table([("one", one), ("resumed", resumed)], skip=0).splitlines()
+    assert table[0].startswith("| run | val loss @ 3 | val loss @ 6 |")
+    assert table[2].startswith(f"| one | {_by_step(one, 'val_loss')[2]:.4f} |")
+    assert "| 0.00 % |" in table[3]  # float32: the resumed run is the same curve
 
 
 @pytest.mark.parametrize(

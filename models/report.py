@@ -1,0 +1,114 @@
+"""Training runs side by side: the README's tables of loss curves and speed.
+
+    python -m models.report runs/parity-1024-flash runs/parity-1024-xla runs/parity-1024-cudnn
+    python -m models.report benchmarks/results/train-parallel-02107c1/{one,seq2,data2}.jsonl
+
+Each argument is a run folder (its metrics.jsonl) or a metrics JSONL file, named in the
+table by the folder or the file's stem. One row per run:
+- the evaluation at each evaluated step (validation loss; and accuracy for an LRA task),
+  and the test accuracy where the run reached its end;
+- the largest relative difference of its training loss from the first run's, over the
+  steps both ran (the first run is the reference: same seed, same batches, so this is
+  how far the curves drift apart);
+- the steady rate: tokens (or examples) per second of training from step --skip (past
+  compilation) to the last step, evaluation excluded. Files written before the trainer
+  logged `train_seconds` give the rate over the whole run instead, compilation and
+  evaluation in, and say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+
+def load(path: str) -> tuple[str, list[dict]]:
+    p = pathlib.Path(path)
+    name = p.name if p.is_dir() else p.stem
+    if p.is_dir():
+        p = p / "metrics.jsonl"
+    return name, [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+
+
+def _unit(rows) -> str:
+    return "tokens" if any("tokens_per_s" in r for r in rows) else "examples"
+
+
+def steady_rate(rows: list[dict], skip: int) -> tuple[float | None, bool]:
+    """(units per second, steady?): from step `skip` to the last step of the last
+    uninterrupted stretch (a resumed run restarts its clock)."""
+    unit = _unit(rows)
+    steps = [r for r in rows if "loss" in r and f"{unit}_per_s" in r]
+    if not steps:
+        return None, False
+    if "train_seconds" not in steps[-1]:
+        return steps[-1][f"{unit}_per_s"], False
+    start = max(
+        (
+            i
+            for i in range(1, len(steps))
+            if steps[i]["train_seconds"] < steps[i - 1]["train_seconds"]
+        ),
+        default=0,
+    )  # where the last stretch began: its clock and its count start again there
+    since = [r for r in steps[start:] if r["step"] >= skip]
+    if len(since) < 2:
+        return None, True
+    first, last = since[0], since[-1]
+    seen = last[f"{unit}_seen"] - first[f"{unit}_seen"]
+    return seen / (last["train_seconds"] - first["train_seconds"]), True
+
+
+def table(runs: list[tuple[str, list[dict]]], skip: int = 10) -> str:
+    ref = {r["step"]: r["loss"] for r in runs[0][1] if "loss" in r}
+    evals = sorted({r["step"] for _, rows in runs for r in rows if "val_loss" in r})
+    unit = _unit(runs[0][1])
+    has_acc = any("val_acc" in r for _, rows in runs for r in rows)
+    has_test = any("test_acc" in r for _, rows in runs for r in rows)
+    rates = [steady_rate(rows, skip) for _, rows in runs]
+    steady = all(s for _, s in rates)
+    rate_head = (
+        f"{unit}/s (steady, from step {skip})"
+        if steady
+        else f"{unit}/s (whole run, with compilation)"
+    )
+    head = ["run", *(f"val loss @ {s + 1}" for s in evals)]
+    head += ["test accuracy"] if has_test else []
+    head += [f"max rel. diff. of loss from {runs[0][0]}", rate_head]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (name, rows), (rate, _) in zip(runs, rates):
+        at = {r["step"]: r for r in rows if "val_loss" in r}
+
+        def cell(s):
+            if s not in at:
+                return "-"
+            acc = f" ({100 * at[s]['val_acc']:.2f} %)" if has_acc and "val_acc" in at[s] else ""
+            return f"{at[s]['val_loss']:.4f}{acc}"
+
+        test = [r["test_acc"] for r in rows if "test_acc" in r]
+        loss = {r["step"]: r["loss"] for r in rows if "loss" in r}
+        both = [s for s in loss if s in ref]
+        diff = max((abs(loss[s] - ref[s]) / abs(ref[s]) for s in both), default=None)
+        cells = [name, *(cell(s) for s in evals)]
+        cells += [f"{100 * test[-1]:.2f} %" if test else "-"] if has_test else []
+        cells += ["-" if diff is None else f"{100 * diff:.2f} %"]
+        cells += ["-" if rate is None else f"{rate:,.0f}"]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", help="run folders or metrics JSONL files")
+    parser.add_argument(
+        "--skip", type=int, default=10, help="first step of the steady rate (past compiling)"
+    )
+    args = parser.parse_args(argv)
+    print(table([load(p) for p in args.runs], args.skip))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
