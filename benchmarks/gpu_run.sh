@@ -80,11 +80,15 @@ for step in "$@"; do
     # rather than fails, and this timeout is what ends it (rows so far are written).
     sweep-mosaic) timeout 590 python3 -m benchmarks.sweep --family mosaic --commit "$commit" \
              --run-id "$run_id" --time-budget 540 --out "$OUT/sweep-mosaic.jsonl" ;;
-    # Issue 6 on the H200. listops: its data is generated there (no network needed).
-    listops) python3 -m models.data prepare listops > "$OUT/listops-prepare.log" 2>&1
-             timeout 560 python3 -m models.train --task listops --preset lra --max-minutes 7 \
-               --out runs/listops 2>&1 | tr '\r' '\n' | grep -v '^\[' > "$OUT/listops.log"
-             tail -4 "$OUT/listops.log"; cp runs/listops/metrics.jsonl "$OUT/listops.jsonl" ;;
+    # Issue 6 on the H200. lra:TASK:MINUTES (listops, pathfinder32, ...): the task's data
+    # is generated there (no network needed), then the LRA preset trains for MINUTES at
+    # most (its step budget is the preset's, or LRA_STEPS) and is tested at the end.
+    lra:*) spec=${step#lra:}; task=${spec%%:*}; minutes=${spec#*:}
+             python3 -m models.data prepare "$task" > "$OUT/$task-prepare.log" 2>&1
+             timeout $((minutes * 60 + 120)) python3 -m models.train --task "$task" --preset lra \
+               --max-minutes "$minutes" ${LRA_STEPS:+--steps "$LRA_STEPS"} --out "runs/$task" 2>&1 \
+               | tr '\r' '\n' | grep -v '^\[' > "$OUT/$task.log"
+             tail -4 "$OUT/$task.log"; cp "runs/$task/metrics.jsonl" "$OUT/$task.jsonl" ;;
     # gpt-parity:CTX: the small GPT (6 layers) from one seed with each attention, same
     # batches; needs data/shakespeare carried (the machine has no network).
     gpt-parity:*) ctx=${step#gpt-parity:}
