@@ -22,9 +22,10 @@ for step in "$@"; do
             export CUDA_VISIBLE_DEVICES=0 ;;
     wait) wait; unset CUDA_VISIBLE_DEVICES; tail -4 "$OUT/gpu1.txt" ;;
     # Tests compile many small shapes: XLA's GEMM autotuner would dominate, so it is off
-    # for them (it changes speed, not results), and 8 processes share the GPU.
+    # for them (it changes speed, not results), and 8 processes share the GPU. About 140 s
+    # alone; beside gpu1:mosaic-tests it did not finish in 330 s (TESTS_TIMEOUT).
     tests) XLA_FLAGS=--xla_gpu_autotune_level=0 XLA_PYTHON_CLIENT_PREALLOCATE=false \
-             timeout 330 python3 -m pytest -m "gpu and not mosaic" -q -p no:cacheprovider \
+             timeout "${TESTS_TIMEOUT:-330}" python3 -m pytest -m "gpu and not mosaic" -q -p no:cacheprovider \
              -p no:benchmark -rA -n 8 > "$OUT/gpu-tests.log" 2>&1; echo "pytest rc=$?"
            tail -3 "$OUT/gpu-tests.log" ;;
     # The Mosaic kernels apart, under their own timeout: a barrier bug hangs, not fails.
@@ -33,9 +34,10 @@ for step in "$@"; do
              -k "b2_t1024_s1024_n8k8_h64 and (regs or p-regs)" \
              > "$OUT/mosaic-smoke.log" 2>&1; echo "pytest rc=$?"; tail -3 "$OUT/mosaic-smoke.log" ;;
     # -v: each result is logged as it lands, so a timeout still leaves what had passed.
+    # MOSAIC_TESTS_K: only the tests whose ids match (pytest -k), e.g. those a timeout cut.
     mosaic-tests) XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "${MOSAIC_TESTS_TIMEOUT:-500}" \
              python3 -m pytest -m gpu tests/test_mosaic.py tests/test_mosaic_backward.py -v \
-             -p no:cacheprovider -p no:benchmark -rA -n 8 \
+             -p no:cacheprovider -p no:benchmark -rA -n 8 ${MOSAIC_TESTS_K:+-k "$MOSAIC_TESTS_K"} \
              > "$OUT/mosaic-tests.log" 2>&1; echo "pytest rc=$?"; tail -3 "$OUT/mosaic-tests.log" ;;
     memory-ours) timeout 200 python3 -m benchmarks.bench --suite memory --commit "$commit" \
              --run-id "$run_id" --impls pallas_flash:triton --out "$OUT/memory.jsonl" ;;
