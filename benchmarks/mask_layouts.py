@@ -68,16 +68,12 @@ def _keys_pack(mask):
 
 def _keys_inputs(mask, dims, t_pad, s_pad, batch_of, head_of, head_block=None):
     _both_full(dims)
-    return common.broadcast_inputs(mask, dims, t_pad, s_pad // W, batch_of, head_of, head_block)
+    return common.mask_inputs(mask, dims, t_pad, s_pad, batch_of, head_of, head_block, axis=-1)
 
 
 def _keys_load(ref, head, r0, c0, block_r, block_c, seq_r, seq_c, dims):
     _both_full(dims)
-    words = common.load_broadcast_tile(
-        ref, head, r0, c0 // W, block_r, block_c // W, seq_r, -(-seq_c // W), dims
-    ).astype(jnp.int32)  # [block_r, block_c / W]; words past the end read as 0
-    bits = words[:, :, None] & (1 << jnp.arange(W, dtype=jnp.int32))[None, None, :]
-    return bits.reshape(block_r, block_c) != 0
+    return common.load_mask_tile(ref, head, r0, c0, block_r, block_c, seq_r, seq_c, dims, axis=-1)
 
 
 def _gather_load(ref, head, r0, c0, block_r, block_c, seq_r, seq_c, dims):

@@ -209,7 +209,9 @@ def load_broadcast_tile(
     return jnp.broadcast_to(x, (block_r, block_c))
 
 
-def load_mask_tile(ref, head, r0, c0, block_r: int, block_c: int, seq_r: int, seq_c: int, dims):
+def load_mask_tile(
+    ref, head, r0, c0, block_r: int, block_c: int, seq_r: int, seq_c: int, dims, axis="auto"
+):
     """[block_r, block_c] bool tile of the user's mask (True = attend); rows are query
     rows and columns keys at every call site (the dK/dV kernel's too: it loads the
     (query tile, key tile) pair it recomputes, untransposed).
@@ -222,8 +224,9 @@ def load_mask_tile(ref, head, r0, c0, block_r: int, block_c: int, seq_r: int, se
       [block_c / 16] words, each spread over its 16 columns and broadcast over the rows.
     - neither: int8 [.., 1, 1], broadcast.
     Words past the packed extent read as 0, so rows past T and keys past S are masked out.
+    `axis` overrides that choice (benchmarks/mask_layouts.py times the alternatives).
     """
-    axis = masks.mask_word_axis(dims)
+    axis = masks.mask_word_axis(dims) if axis == "auto" else axis
     if axis is None:
         x = load_broadcast_tile(ref, head, r0, c0, block_r, block_c, seq_r, seq_c, dims)
         return x != 0
@@ -247,10 +250,12 @@ def load_mask_tile(ref, head, r0, c0, block_r: int, block_c: int, seq_r: int, se
     return bits.reshape(block_r, block_c) != 0
 
 
-def mask_inputs(mask, dims, t_pad: int, s_pad: int, batch_of, head_of, head_block=None):
+def mask_inputs(
+    mask, dims, t_pad: int, s_pad: int, batch_of, head_of, head_block=None, axis="auto"
+):
     """BlockSpec and array for the user's mask, in load_mask_tile's form: the packed axis
     has t_pad / 16 or s_pad / 16 words per (batch, head) block."""
-    axis = masks.mask_word_axis(dims)
+    axis = masks.mask_word_axis(dims) if axis == "auto" else axis
     w = masks.MASK_WORD_BITS
     rows, cols = t_pad, s_pad
     if axis is not None and (t_pad if axis == -2 else s_pad) % w:
