@@ -332,10 +332,12 @@ def main(argv=None) -> int:  # noqa: C901 - a training loop reads best in one pi
         steps_run=last - start,
         seconds=seconds,
         eval_seconds=eval_seconds,
+        peak_bytes=(peak := _peak_bytes()),
     )
     print(
         f"\nsteps {start}..{last} took {seconds:.1f} s ({seconds - eval_seconds:.1f} s training "
-        f"with compilation, {eval_seconds:.1f} s evaluation)",
+        f"with compilation, {eval_seconds:.1f} s evaluation)"
+        + (f"; peak memory per device {max(peak) / 1e9:.1f} GB" if peak else ""),
         flush=True,
     )
     if ckpt.latest_step() != last:
@@ -346,6 +348,15 @@ def main(argv=None) -> int:  # noqa: C901 - a training loop reads best in one pi
     if lead:
         _plot(out)
     return 0
+
+
+def _peak_bytes() -> list[int] | None:
+    """The most memory each local device's allocator has held in this process (measured,
+    where --memory-report gives the compiler's figure); None where it is not kept (CPU)."""
+    stats = [d.memory_stats() or {} for d in jax.local_devices()]
+    if not all("peak_bytes_in_use" in s for s in stats):
+        return None
+    return [s["peak_bytes_in_use"] for s in stats]
 
 
 def _memory_report(train_step, state, batch, out: pathlib.Path) -> int:
