@@ -93,6 +93,20 @@ for step in "$@"; do
                --max-minutes "$minutes" ${LRA_STEPS:+--steps "$LRA_STEPS"} --out "runs/$task" 2>&1 \
                | tr '\r' '\n' | grep -v '^\[' > "$OUT/$task.log"
              tail -4 "$OUT/$task.log"; cp "runs/$task/metrics.jsonl" "$OUT/$task.jsonl" ;;
+    # lra-compare:TASK:STEPS: the task's LRA preset for STEPS steps with each attention
+    # (same seed, same batches), no evaluation: the steady examples/s of each (python -m
+    # models.report), and the `lra` bench suite (the presets' attention calls alone).
+    lra-compare:*) spec=${step#lra-compare:}; task=${spec%%:*}; steps=${spec#*:}
+             python3 -m models.data prepare "$task" > "$OUT/$task-prepare.log" 2>&1
+             timeout 200 python3 -m benchmarks.bench --suite lra --commit "$commit" \
+               --run-id "$run_id" --out "$OUT/lra-bench.jsonl" 2>&1 | tail -3
+             for att in flash xla cudnn; do
+               timeout 200 python3 -m models.train --task "$task" --preset lra --steps "$steps" \
+                 --eval-every 0 --attention "$att" --out "runs/$task-$att" 2>&1 | tr '\r' '\n' \
+                 | grep -v '^\[' | tail -2
+               cp "runs/$task-$att/metrics.jsonl" "$OUT/$task-$att.jsonl"
+             done
+             python3 -m models.report "$OUT"/$task-{flash,xla,cudnn}.jsonl ;;
     # gpt-parity:CTX: the small GPT (6 layers) from one seed with each attention, same
     # batches; needs data/shakespeare carried (the machine has no network).
     gpt-parity:*) ctx=${step#gpt-parity:}

@@ -112,6 +112,18 @@ def _sparse_shapes():
     return tuple(out)
 
 
+def _lra_shapes():
+    """The attention calls of the LRA presets (models/classifier.py), non-causal with
+    their padding: ListOps (batch 32, length 2000 padded by the examples' lengths, 8 heads
+    of 64), Pathfinder-32 (batch 512, 1024 pixels, 4 heads of 16) and Pathfinder-64
+    (batch 256, 4096 pixels, 4 heads of 8): small head dims, many (batch, head) pairs."""
+    return (
+        Shape(32, 2000, 2000, 8, 8, 64, False, "padding"),
+        Shape(512, 1024, 1024, 4, 4, 16, False),
+        Shape(256, 4096, 4096, 4, 4, 8, False),
+    )
+
+
 TINY = (
     Shape(1, 96, 96, 2, 1, 32, True),
     Shape(2, 40, 72, 2, 2, 16, False, "padding"),
@@ -151,6 +163,7 @@ SUITES = {
         ),
         ("pallas_flash:triton",),
     ),
+    "lra": Suite(_lra_shapes(), TINY, ("pallas_flash:triton", "jax.nn:xla", "jax.nn:cudnn")),
     "quick": Suite(
         (
             Shape(4, 4096, 4096, 16, 16, 128, False),
