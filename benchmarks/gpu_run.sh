@@ -94,20 +94,22 @@ for step in "$@"; do
                | tr '\r' '\n' | grep -v '^\[' > "$OUT/$task.log"
              tail -4 "$OUT/$task.log"; cp "runs/$task/metrics.jsonl" "$OUT/$task.jsonl" ;;
     # lra-compare:TASK:STEPS: the task's LRA preset for STEPS steps with each attention
-    # (same seed, same batches), no evaluation, no attention dropout (jax.nn has none):
-    # the steady examples/s of each (python -m models.report), and the `lra` bench suite
-    # (the presets' attention calls alone).
+    # (same seed, same batches), no evaluation, no attention dropout (jax.nn has none),
+    # and ours once more with the lookup embedding (--embedding gather, the default before
+    # one_hot): the steady examples/s of each (python -m models.report), and the `lra`
+    # bench suite (the presets' attention calls alone).
     lra-compare:*) spec=${step#lra-compare:}; task=${spec%%:*}; steps=${spec#*:}
              python3 -m models.data prepare "$task" > "$OUT/$task-prepare.log" 2>&1
              timeout 200 python3 -m benchmarks.bench --suite lra --commit "$commit" \
                --run-id "$run_id" --out "$OUT/lra-bench.jsonl" 2>&1 | tail -3
-             for att in flash xla cudnn; do
+             for run in flash xla cudnn flash-gather; do
+               att=${run%-gather}; extra=; [ "$run" != "$att" ] && extra="--embedding gather"
                timeout 200 python3 -m models.train --task "$task" --preset lra --steps "$steps" \
-                 --eval-every 0 --attention-dropout 0 --attention "$att" --out "runs/$task-$att" 2>&1 | tr '\r' '\n' \
-                 | grep -v '^\[' | tail -2
-               cp "runs/$task-$att/metrics.jsonl" "$OUT/$task-$att.jsonl"
+                 --eval-every 0 --attention-dropout 0 --attention "$att" $extra \
+                 --out "runs/$task-$run" 2>&1 | tr '\r' '\n' | grep -v '^\[' | tail -2
+               cp "runs/$task-$run/metrics.jsonl" "$OUT/$task-$run.jsonl"
              done
-             python3 -m models.report "$OUT"/$task-{flash,xla,cudnn}.jsonl ;;
+             python3 -m models.report "$OUT"/$task-{flash,xla,cudnn,flash-gather}.jsonl ;;
     # gpt-parity:CTX: the small GPT (6 layers) from one seed with each attention, same
     # batches; needs data/shakespeare carried (the machine has no network).
     gpt-parity:*) ctx=${step#gpt-parity:}

@@ -45,6 +45,12 @@ class ClassifierConfig:
     n_kv_head: int | None = None
     rotary: bool = False  # gpt.Block's option; LRA uses absolute positions
     compute_dtype: str = "bfloat16"
+    # "one_hot": the token embedding as one_hot(tokens) @ table, whose gradient is a matmul;
+    # "gather": a lookup, whose gradient XLA scatter-adds with atomics, one per token, and
+    # LRA's vocabularies are tiny (Pathfinder's pixels are mostly background: most of a
+    # batch's 524k tokens land on one row). Same forward values; the one-hot gradient is
+    # accumulated in float32 and bitwise repeatable.
+    embedding: str = "one_hot"
     # Set from the task and its prepared data (`for_task`):
     vocab: int = 256
     n_classes: int = 2
@@ -53,6 +59,8 @@ class ClassifierConfig:
     def __post_init__(self):
         if self.pool not in ("cls", "mean"):
             raise ValueError(f"pool must be 'cls' or 'mean', got {self.pool!r}")
+        if self.embedding not in ("one_hot", "gather"):
+            raise ValueError(f"embedding must be 'one_hot' or 'gather', got {self.embedding!r}")
         if self.positions not in ("sinusoidal", "learned"):
             raise ValueError(f"positions must be 'sinusoidal' or 'learned', got {self.positions!r}")
         if (self.qkv_dim or self.d_model) % self.n_head:
@@ -321,7 +329,11 @@ class Classifier(nnx.Module):
         cfg, dt = self.cfg, jnp.dtype(self.cfg.compute_dtype)
         B, T = tokens.shape
         lengths = jnp.full((B,), T, jnp.int32) if lengths is None else lengths.astype(jnp.int32)
-        x = self.embed(tokens.astype(jnp.int32))
+        if cfg.embedding == "one_hot":
+            table = self.embed.embedding[...].astype(dt)
+            x = jax.nn.one_hot(tokens.astype(jnp.int32), cfg.vocab, dtype=dt) @ table
+        else:
+            x = self.embed(tokens.astype(jnp.int32))
         if self.cls is not None:
             x = jnp.concatenate(
                 [jnp.broadcast_to(self.cls[...].astype(dt), (B, 1, cfg.d_model)), x], 1

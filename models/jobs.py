@@ -233,6 +233,8 @@ class ClassifierJob:
             cfg = dataclasses.replace(cfg, attention_dropout=args.attention_dropout)
         if args.compute_dtype is not None:
             cfg = dataclasses.replace(cfg, compute_dtype=args.compute_dtype)
+        if args.embedding is not None:
+            cfg = dataclasses.replace(cfg, embedding=args.embedding)
         self.cfg = classifier.for_task(cfg, args.task, self.splits["train"][0].shape[1])
         model = classifier.Classifier(self.cfg, args.attention, rngs=nnx.Rngs(args.seed))
         self.merged, self.params = _pure(model)

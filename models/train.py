@@ -154,6 +154,12 @@ def parse(argv):
         help="LRA tasks: override the preset's (cudnn has none: pass 0 with it)",
     )
     p.add_argument(
+        "--embedding",
+        choices=["one_hot", "gather"],
+        default=None,
+        help="LRA tasks: the token embedding as a one-hot matmul (default) or a lookup",
+    )
+    p.add_argument(
         "--max-minutes",
         type=float,
         default=None,
@@ -211,6 +217,12 @@ def parse(argv):
             f"--seq-parallel {args.seq_parallel} runs ring attention over our kernels: use "
             f"--attention flash, not {args.attention}"
         )
+    for flag, value in (
+        ("--embedding", args.embedding),
+        ("--attention-dropout", args.attention_dropout),
+    ):
+        if value is not None and args.task == "gpt":
+            p.error(f"{flag} is for the LRA tasks, not --task gpt")
     if args.task == "gpt":
         problem = sharding.check(
             batch=args.batch,

@@ -74,6 +74,36 @@ def test_padded_tokens_do_not_change_the_logits(pool):
     assert not np.array_equal(logits(padded, None)[1], logits(changed, None)[1])
 
 
+def test_one_hot_embedding_matches_the_lookup():
+    """The one-hot matmul embedding (the default) gives the lookup's logits exactly, and
+    gradients as close to the float32 model's as the lookup's (both differ from it by the
+    bfloat16 rounding of the whole network)."""
+    rng = np.random.default_rng(0)
+    tokens = np.where(rng.random((4, 64)) < 0.9, 0, rng.integers(0, 256, (4, 64))).astype(np.uint8)
+    labels = rng.integers(0, 2, 4)
+    out = {}
+    runs = [("one_hot", "bfloat16"), ("gather", "bfloat16"), ("gather", "float32")]
+    for embedding, dtype in runs:
+        cfg = classifier.ClassifierConfig(
+            vocab=256, seq_len=64, embedding=embedding, compute_dtype=dtype
+        )
+        merged, params = jobs._pure(classifier.Classifier(cfg, "flash", rngs=nnx.Rngs(0)))
+
+        def loss(p, merged=merged):
+            logits = merged(p)(tokens)
+            return classifier.loss_and_accuracy(logits, labels)[0].mean(), logits
+
+        out[embedding, dtype] = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    (_, logits), grads = out["one_hot", "bfloat16"]
+    (_, lookup_logits), lookup_grads = out["gather", "bfloat16"]
+    np.testing.assert_array_equal(logits, lookup_logits)
+    exact = jax.tree.leaves(out["gather", "float32"][1])
+    for g, lookup, ref in zip(jax.tree.leaves(grads), jax.tree.leaves(lookup_grads), exact):
+        err, lookup_err = np.abs(g - ref).max(), np.abs(lookup - ref).max()
+        assert np.isfinite(g).all() and err <= 1.25 * lookup_err + 1e-6, (err, lookup_err)
+    assert np.abs(np.asarray(grads["embed"]["embedding"])[0]).sum() > 0  # the background row
+
+
 def test_example_ids_cover_each_epoch_once():
     ids = np.concatenate([jobs.example_ids(10, s, 4, seed=7) for s in range(5)])  # 2 epochs
     assert sorted(ids[:10]) == list(range(10)) and sorted(ids[10:20]) == list(range(10))

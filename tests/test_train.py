@@ -184,6 +184,8 @@ def test_report_sets_runs_side_by_side(sharded_runs):
         (["--seq-parallel", "0"], "--seq-parallel 0 must be at least 1"),
         (["--seq-parallel", "2", "--attention", "xla"], "use --attention flash, not xla"),
         (["--task", "listops", "--data-parallel", "2"], "--data-parallel 2: only the GPT"),
+        (["--embedding", "gather"], "--embedding is for the LRA tasks, not --task gpt"),
+        (["--attention-dropout", "0"], "--attention-dropout is for the LRA tasks"),
     ],
 )
 def test_bad_mesh_flags_name_the_flag(flags, message, capsys):
