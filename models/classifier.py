@@ -48,8 +48,9 @@ class ClassifierConfig:
     # "one_hot": the token embedding as one_hot(tokens) @ table, whose gradient is a matmul;
     # "gather": a lookup, whose gradient XLA scatter-adds with atomics, one per token, and
     # LRA's vocabularies are tiny (Pathfinder's pixels are mostly background: most of a
-    # batch's 524k tokens land on one row). Same forward values; the one-hot gradient is
-    # accumulated in float32 and bitwise repeatable.
+    # batch's 524k tokens land on one row), rounding to bfloat16 at every add. Same
+    # forward values; the one-hot gradient is accumulated in float32 and bitwise
+    # repeatable.
     embedding: str = "one_hot"
     # Set from the task and its prepared data (`for_task`):
     vocab: int = 256
