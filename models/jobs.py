@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
+import pathlib
 import time
 
 import jax
@@ -182,7 +184,8 @@ class GPTJob:
                     f"--seq-len{hint}"
                 )
 
-    def evaluate(self, params):
+    def evaluate(self, params, step):
+        del step  # the curve is the GPT's result; only the classifier keeps its best model
         a = self.args
         losses, n_bytes = [], 0
         for i in range(a.eval_batches):
@@ -289,15 +292,52 @@ class ClassifierJob:
             loss, correct = loss + float(nll), correct + float(hits)
         return loss / n, correct / n, n
 
-    def evaluate(self, params):
+    def evaluate(self, params, step):
+        """Validation loss and accuracy; the parameters are kept (on disk, so a resumed run
+        knows them) when the accuracy is the best so far, for finish()'s second test."""
         loss, acc, n = self.accuracy(params, "val", self.args.eval_batches)
         text = f"val loss {loss:.3f}, accuracy {100 * acc:.2f} % ({n} examples)"
+        best = self._best()
+        if best is None or acc > best["val_acc"]:
+            leaves = [np.asarray(x) for x in jax.tree.leaves(params)]
+            np.savez(self._best_path.with_suffix(".npz"), *leaves)
+            self._best_path.write_text(json.dumps(dict(step=step, val_acc=acc)) + "\n")
         return dict(val_loss=loss, val_acc=acc), text
 
+    @property
+    def _best_path(self) -> pathlib.Path:
+        return pathlib.Path(self.args.out) / "best_val.json"
+
+    def _best(self) -> dict | None:
+        """{step, val_acc} of the best validation accuracy so far, or None."""
+        if not self._best_path.exists():
+            return None
+        return json.loads(self._best_path.read_text())
+
     def finish(self, params, log):
+        """Test accuracy of the final model and, as LRA results are usually reported, of
+        the model at the best validation accuracy (the earliest, on ties)."""
         t = time.perf_counter()
         loss, acc, n = self.accuracy(params, "test")
         log(test_loss=loss, test_acc=acc, test_examples=n, test_seconds=time.perf_counter() - t)
         print(
             f"\ntest accuracy {100 * acc:.2f} % ({n:,} examples), test loss {loss:.3f}", flush=True
+        )
+        best = self._best()
+        if best is None:
+            return
+        with np.load(self._best_path.with_suffix(".npz")) as f:
+            leaves = [f[f"arr_{i}"] for i in range(len(f.files))]
+        best_params = jax.tree.unflatten(jax.tree.structure(params), leaves)
+        loss, acc, _ = self.accuracy(best_params, "test")
+        log(
+            best_val_step=best["step"],
+            best_val_acc=best["val_acc"],
+            best_test_loss=loss,
+            best_test_acc=acc,
+        )
+        print(
+            f"test accuracy at the best validation accuracy ({100 * best['val_acc']:.2f} %, "
+            f"step {best['step'] + 1}): {100 * acc:.2f} %",
+            flush=True,
         )

@@ -67,6 +67,7 @@ def table(runs: list[tuple[str, list[dict]]], skip: int = 10) -> str:
     unit = _unit(runs[0][1])
     has_acc = any("val_acc" in r for _, rows in runs for r in rows)
     has_test = any("test_acc" in r for _, rows in runs for r in rows)
+    has_best = any("best_test_acc" in r for _, rows in runs for r in rows)
     rates = [steady_rate(rows, skip) for _, rows in runs]
     steady = all(s for _, s in rates)
     rate_head = (
@@ -76,6 +77,7 @@ def table(runs: list[tuple[str, list[dict]]], skip: int = 10) -> str:
     )
     head = ["run", *(f"val loss @ {s + 1}" for s in evals)]
     head += ["test accuracy"] if has_test else []
+    head += ["test accuracy at the best validation (step)"] if has_best else []
     head += [f"max rel. diff. of loss from {runs[0][0]}", rate_head]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (name, rows), (rate, _) in zip(runs, rates):
@@ -93,6 +95,10 @@ def table(runs: list[tuple[str, list[dict]]], skip: int = 10) -> str:
         diff = max((abs(loss[s] - ref[s]) / abs(ref[s]) for s in both), default=None)
         cells = [name, *(cell(s) for s in evals)]
         cells += [f"{100 * test[-1]:.2f} %" if test else "-"] if has_test else []
+        best = [r for r in rows if "best_test_acc" in r]
+        if has_best:
+            b = best[-1] if best else None
+            cells += [f"{100 * b['best_test_acc']:.2f} % ({b['best_val_step'] + 1})" if b else "-"]
         cells += ["-" if diff is None else f"{100 * diff:.2f} %"]
         cells += ["-" if rate is None else f"{rate:,.0f}"]
         out.append("| " + " | ".join(cells) + " |")

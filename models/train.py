@@ -315,7 +315,7 @@ def main(argv=None) -> int:  # noqa: C901 - a training loop reads best in one pi
             (step + 1) % args.eval_every == 0 or step + 1 == args.steps or out_of_time
         ):
             t = time.perf_counter()
-            fields, text = job.evaluate(state[0])
+            fields, text = job.evaluate(state[0], step)
             eval_seconds += time.perf_counter() - t
             log(step=step, **fields)
             print(f"\n  eval at step {step + 1}: {text}", flush=True)

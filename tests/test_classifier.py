@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from models import classifier, jobs, lra, train
+from models import classifier, jobs, lra, report, train
 
 
 @pytest.fixture(scope="module")
@@ -136,8 +136,52 @@ def test_listops_trains_and_reports_test_accuracy(lra_root, tmp_path, capsys):
     assert [r["step"] for r in rows if "val_acc" in r] == [14, 29]
     test = [r for r in rows if "test_acc" in r][-1]
     assert test["test_examples"] == 40 and 0.0 <= test["test_acc"] <= 1.0
-    assert f"test accuracy {100 * test['test_acc']:.2f} %" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"test accuracy {100 * test['test_acc']:.2f} %" in printed
     assert (tmp_path / "loss.png").exists()
+    # The model of the best validation accuracy (the earliest on ties) is tested too.
+    val = [r for r in rows if "val_acc" in r]
+    best = max(val, key=lambda r: (r["val_acc"], -r["step"]))
+    row = [r for r in rows if "best_test_acc" in r][-1]
+    assert (row["best_val_step"], row["best_val_acc"]) == (best["step"], best["val_acc"])
+    assert f"at the best validation accuracy ({100 * best['val_acc']:.2f} %" in printed
+    if best["step"] == 29:  # the final model itself
+        assert row["best_test_acc"] == test["test_acc"]
+    else:  # the kept parameters are that step's: retesting them on val gives its accuracy
+        args = train.parse(_args("listops", lra_root, tmp_path, *extra))
+        job = jobs.ClassifierJob(args, lra_root)
+        with np.load(tmp_path / "best_val.npz") as f:
+            leaves = [f[f"arr_{i}"] for i in range(len(f.files))]
+        kept = jax.tree.unflatten(jax.tree.structure(job.params), leaves)
+        assert job.accuracy(kept, "val")[1] == best["val_acc"]
+    table = report.table([report.load(tmp_path)])
+    assert f"{100 * row['best_test_acc']:.2f} % ({best['step'] + 1})" in table
+
+
+def test_the_best_validation_model_is_kept_and_tested(lra_root, tmp_path):
+    """finish() tests the final model and the one of the best validation accuracy (the
+    earliest on ties), read back from disk."""
+    job = jobs.ClassifierJob(train.parse(_args("listops", lra_root, tmp_path)), lra_root)
+    tmp_path.mkdir(exist_ok=True)
+    models = [jax.tree.map(lambda x, d=d: x + d, job.params) for d in (0.0, 1.0, 2.0)]
+    val_accs = iter([0.5, 0.7, 0.7])  # a first, a better one, a tie (not kept)
+    tested = []
+
+    def accuracy(params, split, max_batches=None):
+        if split == "val":
+            return 1.0, next(val_accs), 40
+        offset = jax.tree.leaves(params)[0] - jax.tree.leaves(models[0])[0]
+        tested.append(float(np.mean(offset)))
+        return 1.0, 0.25 * len(tested), 40
+
+    job.accuracy = accuracy
+    for step, params in enumerate(models):
+        job.evaluate(params, step)
+    rows = []
+    job.finish(models[-1], lambda **row: rows.append(row))
+    assert tested == [pytest.approx(2.0), pytest.approx(1.0)]  # the final model, then step 1's
+    best = dict(best_val_step=1, best_val_acc=0.7, best_test_loss=1.0, best_test_acc=0.5)
+    assert rows[-1] == best
 
 
 def test_killed_pathfinder_run_resumes_exactly(lra_root, tmp_path):
@@ -166,3 +210,5 @@ def test_killed_pathfinder_run_resumes_exactly(lra_root, tmp_path):
     assert final(rows) == final(whole)
     test_acc = lambda rs: [r for r in rs if "test_acc" in r][-1]["test_acc"]  # noqa: E731
     assert test_acc(rows) == test_acc(whole)
+    best = lambda rs: [r for r in rs if "best_test_acc" in r][-1]  # noqa: E731
+    assert best(rows) == best(whole)  # the kept model survives the kill

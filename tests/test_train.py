@@ -265,7 +265,7 @@ def test_uniform_model_gives_log2_vocab_times_tokens_per_byte(bpe_corpus, capsys
     assert (job.cfg.vocab, job.cfg.padded_vocab) == (277, 320)
     params = jax.tree.map(lambda x: x, job.params)
     params["embed"]["embedding"] = jnp.zeros_like(params["embed"]["embedding"])  # tied: logits 0
-    fields, _ = job.evaluate(params)
+    fields, _ = job.evaluate(params, 0)
     token_bytes = job.vocab.token_bytes()
     val_split = data.load("toy-bpe", "val", bpe_corpus)
     n_bytes = sum(
