@@ -87,29 +87,42 @@ for step in "$@"; do
     # Issue 6 on the H200. lra:TASK:MINUTES (listops, pathfinder32, ...): the task's data
     # is generated there (no network needed), then the LRA preset trains for MINUTES at
     # most (its step budget is the preset's, or LRA_STEPS) and is tested at the end.
-    lra:*) spec=${step#lra:}; task=${spec%%:*}; minutes=${spec#*:}
+    # lra:TASK:MINUTES[:auto]. With :auto (for a recipe longer than the call), the steps
+    # are those MINUTES hold at the steady rate of an earlier `lra-compare:TASK:N:flash` in
+    # this call (models.report --fit-steps), so the schedule decays to its end, not cut.
+    lra:*) spec=${step#lra:}; task=${spec%%:*}; minutes=${spec#*:}; auto=${minutes#*:}
+             minutes=${minutes%%:*}; steps=${LRA_STEPS:-}
              python3 -m models.data prepare "$task" > "$OUT/$task-prepare.log" 2>&1
+             if [ "$auto" = auto ]; then
+               steps=$(python3 -m models.report --fit-steps "$minutes" "runs/$task-flash")
+               echo "lra $task: $steps steps fit $minutes minutes" | tee "$OUT/$task-steps.log"
+             fi
              timeout $((minutes * 60 + 120)) python3 -m models.train --task "$task" --preset lra \
-               --max-minutes "$minutes" ${LRA_STEPS:+--steps "$LRA_STEPS"} --out "runs/$task" 2>&1 \
+               --max-minutes "$minutes" ${steps:+--steps "$steps"} --out "runs/$task" 2>&1 \
                | tr '\r' '\n' | grep -v '^\[' > "$OUT/$task.log"
              tail -4 "$OUT/$task.log"; cp "runs/$task/metrics.jsonl" "$OUT/$task.jsonl" ;;
-    # lra-compare:TASK:STEPS: the task's LRA preset for STEPS steps with each attention
-    # (same seed, same batches), no evaluation, no attention dropout (jax.nn has none),
-    # and ours once more with the lookup embedding (--embedding gather, the default before
-    # one_hot): the steady examples/s of each (python -m models.report), and the `lra`
-    # bench suite (the presets' attention calls alone).
-    lra-compare:*) spec=${step#lra-compare:}; task=${spec%%:*}; steps=${spec#*:}
+    # lra-compare:TASK:STEPS[:RUNS]: the task's LRA preset for STEPS steps with each
+    # attention (same seed, same batches), no evaluation, no attention dropout (jax.nn has
+    # none), and ours once more with the lookup embedding (flash-gather: --embedding
+    # gather, the default before one_hot): the steady examples/s of each (python -m
+    # models.report). RUNS (comma-separated, default flash,xla,cudnn,flash-gather) picks
+    # some; with all of them the `lra` bench suite (the presets' attention calls alone)
+    # runs first.
+    lra-compare:*) spec=${step#lra-compare:}; task=${spec%%:*}; spec=${spec#*:}
+             steps=${spec%%:*}; runs=${spec#*:}; [ "$runs" = "$spec" ] && runs=
              python3 -m models.data prepare "$task" > "$OUT/$task-prepare.log" 2>&1
-             timeout 200 python3 -m benchmarks.bench --suite lra --commit "$commit" \
-               --run-id "$run_id" --out "$OUT/lra-bench.jsonl" 2>&1 | tail -3
-             for run in flash xla cudnn flash-gather; do
+             [ -z "$runs" ] && timeout 200 python3 -m benchmarks.bench --suite lra \
+               --commit "$commit" --run-id "$run_id" --out "$OUT/lra-bench.jsonl" 2>&1 | tail -3
+             files=()
+             for run in $(echo "${runs:-flash,xla,cudnn,flash-gather}" | tr , ' '); do
                att=${run%-gather}; extra=; [ "$run" != "$att" ] && extra="--embedding gather"
                timeout 200 python3 -m models.train --task "$task" --preset lra --steps "$steps" \
                  --eval-every 0 --attention-dropout 0 --attention "$att" $extra \
                  --out "runs/$task-$run" 2>&1 | tr '\r' '\n' | grep -v '^\[' | tail -2
                cp "runs/$task-$run/metrics.jsonl" "$OUT/$task-$run.jsonl"
+               files+=("$OUT/$task-$run.jsonl")
              done
-             python3 -m models.report "$OUT"/$task-{flash,xla,cudnn,flash-gather}.jsonl ;;
+             python3 -m models.report "${files[@]}" ;;
     # gpt-parity:CTX: the small GPT (6 layers) from one seed with each attention, same
     # batches; needs data/shakespeare carried (the machine has no network).
     gpt-parity:*) ctx=${step#gpt-parity:}

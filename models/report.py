@@ -61,6 +61,17 @@ def steady_rate(rows: list[dict], skip: int) -> tuple[float | None, bool]:
     return seen / (last["train_seconds"] - first["train_seconds"]), True
 
 
+def fit_steps(rows: list[dict], minutes: float, skip: int = 10, share: float = 0.85) -> int:
+    """How many steps `minutes` of training hold at this run's steady rate, `share` of the
+    time kept for steps (the rest for compiling, evaluation and the test): the step count
+    that lets a recipe longer than the time at hand decay its schedule to the end."""
+    rate, steady = steady_rate(rows, skip)
+    if rate is None or not steady:
+        raise ValueError("the run has no steady rate to fit steps to (too few steps logged)")
+    batch = next(r for r in rows if "loss" in r)[f"{_unit(rows)}_seen"]  # step 0's count
+    return max(1, int(rate * minutes * 60 * share / batch))
+
+
 def table(runs: list[tuple[str, list[dict]]], skip: int = 10) -> str:
     ref = {r["step"]: r["loss"] for r in runs[0][1] if "loss" in r}
     evals = sorted({r["step"] for _, rows in runs for r in rows if "val_loss" in r})
@@ -111,7 +122,18 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--skip", type=int, default=10, help="first step of the steady rate (past compiling)"
     )
+    parser.add_argument(
+        "--fit-steps",
+        type=float,
+        metavar="MINUTES",
+        help="print only the step count MINUTES hold at the (one) run's steady rate",
+    )
     args = parser.parse_args(argv)
+    if args.fit_steps is not None:
+        if len(args.runs) != 1:
+            parser.error("--fit-steps takes one run")
+        print(fit_steps(load(args.runs[0])[1], args.fit_steps, args.skip))
+        return 0
     print(table([load(p) for p in args.runs], args.skip))
     return 0
 

@@ -176,6 +176,22 @@ def test_report_sets_runs_side_by_side(sharded_runs):
     assert "| 0.00 % |" in table[3]  # float32: the resumed run is the same curve
 
 
+def test_report_fits_steps_to_minutes(sharded_runs, tmp_path, capsys):
+    """--fit-steps: the steps that MINUTES hold at the steady rate, 85 % of the time kept
+    for steps; a run without a steady rate is an error, not a guess."""
+    (_, one), _, _ = sharded_runs
+    path = tmp_path / "one.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in one))
+    rate, _ = report.steady_rate(one, skip=2)
+    per_step = next(r for r in one if "loss" in r)["tokens_seen"]
+    want = int(rate * 2 * 60 * 0.85 / per_step)
+    assert report.fit_steps(one, 2, skip=2) == want > 0
+    assert report.main(["--fit-steps", "2", "--skip", "2", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == str(want)
+    with pytest.raises(ValueError, match="no steady rate"):
+        report.fit_steps(one, 2, skip=10_000)
+
+
 @pytest.mark.parametrize(
     "flags,message",
     [
