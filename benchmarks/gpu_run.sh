@@ -65,6 +65,18 @@ for step in "$@"; do
              --time-budget "${MOSAIC_FA_BUDGET:-240}" \
              --impls "${MOSAIC_FA_IMPLS:-pallas_flash:mosaic,jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3,pallas_flash:triton}" \
              --out "$OUT/fa-mosaic.jsonl" ;;
+    # fa-grid:HEAD_DIMS:CAUSAL:BUDGET: a slice of the fa grid with ours and every peer (issue
+    # 3's point 1, split over calls and GPUs, since the whole grid outlasts a call);
+    # CAUSAL false, true or both; no new shape starts after BUDGET seconds. Its own file
+    # (fa-64-both.jsonl), so two GPUs' slices never share one.
+    fa-grid:*) spec=${step#fa-grid:}; hd=${spec%%:*}; spec=${spec#*:}; causal=${spec%%:*}
+             budget=${spec#*:}; out="$OUT/fa-${hd//,/-}-$causal.jsonl"
+             [ "$causal" = both ] && causal=
+             timeout $((budget + 90)) python3 -m benchmarks.bench --suite fa --commit "$commit" \
+               --run-id "$run_id" --head-dims "$hd" ${causal:+--causal "$causal"} \
+               --time-budget "$budget" --out "$out" 2>&1 | tail -2 ;;
+    # prepare:TASK: a dataset made once, before steps on both GPUs read it.
+    prepare:*) python3 -m models.data prepare "${step#prepare:}" ;;
     # Issue 4: which in-kernel layout of a boolean mask costs least (benchmarks/mask_layouts.py).
     mask-layouts) timeout 400 python3 -m benchmarks.mask_layouts --commit "$commit" \
              --run-id "$run_id" --out "$OUT/mask-layouts.jsonl" ;;
@@ -87,20 +99,28 @@ for step in "$@"; do
     # Issue 6 on the H200. lra:TASK:MINUTES (listops, pathfinder32, ...): the task's data
     # is generated there (no network needed), then the LRA preset trains for MINUTES at
     # most (its step budget is the preset's, or LRA_STEPS) and is tested at the end.
-    # lra:TASK:MINUTES[:auto]. With :auto (for a recipe longer than the call), the steps
-    # are those MINUTES hold at the steady rate of an earlier `lra-compare:TASK:N:flash` in
-    # this call (models.report --fit-steps), so the schedule decays to its end, not cut.
-    lra:*) spec=${step#lra:}; task=${spec%%:*}; minutes=${spec#*:}; auto=${minutes#*:}
-             minutes=${minutes%%:*}; steps=${LRA_STEPS:-}
-             python3 -m models.data prepare "$task" > "$OUT/$task-prepare.log" 2>&1
-             if [ "$auto" = auto ]; then
+    # lra:TASK:MINUTES[:auto][:FLAG=VALUE,...]. With :auto (for a recipe longer than the
+    # call), the steps are those MINUTES hold at the steady rate of an earlier
+    # `lra-compare:TASK:N:flash` in this call (models.report --fit-steps), so the schedule
+    # decays to its end, not cut. FLAG=VALUE pairs are the trainer's flags (clip=1 is
+    # --clip 1), and name the run (listops-clip1).
+    lra:*) spec=${step#lra:}; task=${spec%%:*}; spec=${spec#*:}; minutes=${spec%%:*}
+             rest=; [ "$spec" != "$minutes" ] && rest=${spec#*:}
+             auto=; [ "${rest%%:*}" = auto ] && { auto=1; rest=${rest#auto}; rest=${rest#:}; }
+             flags=(); name=$task
+             for kv in ${rest//,/ }; do
+               flags+=("--${kv%%=*}" "${kv#*=}"); name+="-${kv%%=*}${kv#*=}"
+             done
+             steps=${LRA_STEPS:-}
+             python3 -m models.data prepare "$task" > "$OUT/$name-prepare.log" 2>&1
+             if [ -n "$auto" ]; then
                steps=$(python3 -m models.report --fit-steps "$minutes" "runs/$task-flash")
-               echo "lra $task: $steps steps fit $minutes minutes" | tee "$OUT/$task-steps.log"
+               echo "lra $task: $steps steps fit $minutes minutes" | tee "$OUT/$name-steps.log"
              fi
              timeout $((minutes * 60 + 120)) python3 -m models.train --task "$task" --preset lra \
-               --max-minutes "$minutes" ${steps:+--steps "$steps"} --out "runs/$task" 2>&1 \
-               | tr '\r' '\n' | grep -v '^\[' > "$OUT/$task.log"
-             tail -4 "$OUT/$task.log"; cp "runs/$task/metrics.jsonl" "$OUT/$task.jsonl" ;;
+               --max-minutes "$minutes" ${steps:+--steps "$steps"} "${flags[@]}" --out "runs/$name" \
+               2>&1 | tr '\r' '\n' | grep -v '^\[' > "$OUT/$name.log"
+             tail -4 "$OUT/$name.log"; cp "runs/$name/metrics.jsonl" "$OUT/$name.jsonl" ;;
     # lra-compare:TASK:STEPS[:RUNS]: the task's LRA preset for STEPS steps with each
     # attention (same seed, same batches), no evaluation, no attention dropout (jax.nn has
     # none), and ours once more with the lookup embedding (flash-gather: --embedding

@@ -130,7 +130,7 @@ TINY = (
 )
 
 SUITES = {
-    "fa": Suite(_fa_shapes(), TINY, ("pallas_flash:triton", *ALL_PEERS)),
+    "fa": Suite(_fa_shapes(), TINY, ("pallas_flash:triton", "pallas_flash:mosaic", *ALL_PEERS)),
     "memory": Suite(
         _memory_shapes(),
         tuple(s.replace(batch=1) for s in TINY),
