@@ -100,10 +100,13 @@ for step in "$@"; do
     # is generated there (no network needed), then the LRA preset trains for MINUTES at
     # most (its step budget is the preset's, or LRA_STEPS) and is tested at the end.
     # lra:TASK:MINUTES[:auto][:FLAG=VALUE,...]. With :auto (for a recipe longer than the
-    # call), the steps are those MINUTES hold at the steady rate of an earlier
-    # `lra-compare:TASK:N:flash` in this call (models.report --fit-steps), so the schedule
-    # decays to its end, not cut. FLAG=VALUE pairs are the trainer's flags (clip=1 is
-    # --clip 1), and name the run (listops-clip1).
+    # call), the steps are those MINUTES hold at the steady rate of a 60-step probe of the
+    # same run without evaluation (models.report --fit-steps), so the schedule decays to
+    # its end rather than being cut. (At a924bb3 the fit came from lra-compare's probe,
+    # without attention dropout: 35.6k examples/s against the run's 25.9k, so
+    # Pathfinder-32 stopped at 83 % of its steps.)
+    # FLAG=VALUE pairs are the trainer's flags (clip=1 is --clip 1) and name the run
+    # (listops-clip1).
     lra:*) spec=${step#lra:}; task=${spec%%:*}; spec=${spec#*:}; minutes=${spec%%:*}
              rest=; [ "$spec" != "$minutes" ] && rest=${spec#*:}
              auto=; [ "${rest%%:*}" = auto ] && { auto=1; rest=${rest#auto}; rest=${rest#:}; }
@@ -114,7 +117,9 @@ for step in "$@"; do
              steps=${LRA_STEPS:-}
              python3 -m models.data prepare "$task" > "$OUT/$name-prepare.log" 2>&1
              if [ -n "$auto" ]; then
-               steps=$(python3 -m models.report --fit-steps "$minutes" "runs/$task-flash")
+               timeout 200 python3 -m models.train --task "$task" --preset lra --steps 60 \
+                 --eval-every 0 "${flags[@]}" --out "runs/$name-probe" > /dev/null 2>&1
+               steps=$(python3 -m models.report --fit-steps "$minutes" "runs/$name-probe")
                echo "lra $task: $steps steps fit $minutes minutes" | tee "$OUT/$name-steps.log"
              fi
              timeout $((minutes * 60 + 120)) python3 -m models.train --task "$task" --preset lra \

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks import bench, render
+from benchmarks import anchors, bench, render
 
 KEYS = {
     "run_id",
@@ -180,3 +180,49 @@ def test_mask_layouts_experiment_runs_and_checks_each_layout(tmp_path):
         assert r["check_ok"], (r["layout"], r["check_err"], r["check_worst"])
     table = render.mask_layouts_table(rows)
     assert all(f"| {name} |" in table for name in mask_layouts.LAYOUTS), table
+
+
+def test_anchors_compare_a_run_with_the_peers_measured_numbers():
+    """benchmarks.anchors: run / anchor per point, grouped by run; a point off by more
+    than the tolerance is flagged; ours, masked rows and failed rows have no anchor."""
+    base = dict(suite="fa", mask="none", error=None, head_dim=64, causal=True)
+    rows = [
+        dict(
+            base, run_id="a", impl="jax.nn:cudnn", seq_q=1024, tflops=290 * 1.05, **{"pass": "fwd"}
+        ),
+        dict(
+            base, run_id="a", impl="jax.nn:cudnn", seq_q=2048, tflops=295 * 0.8, **{"pass": "bwd"}
+        ),
+        dict(
+            base, run_id="a", impl="pallas_flash:triton", seq_q=1024, tflops=1.0, **{"pass": "fwd"}
+        ),
+        dict(base, run_id="a", impl="jax:mosaic_fa3", seq_q=1024, tflops=1.0, **{"pass": "bwd"}),
+        dict(
+            base,
+            run_id="a",
+            impl="jax.nn:cudnn",
+            seq_q=512,
+            tflops=1.0,
+            mask="padding",
+            **{"pass": "fwd"},
+        ),
+        dict(
+            base,
+            run_id="a",
+            impl="jax.nn:cudnn",
+            seq_q=512,
+            tflops=None,
+            error="x",
+            **{"pass": "fwd"},
+        ),
+    ]
+    got = anchors.compare(rows)
+    assert got.keys() == {
+        ("a", "jax.nn:cudnn", 64, True, "fwd"),
+        ("a", "jax.nn:cudnn", 64, True, "bwd"),
+    }
+    assert got[("a", "jax.nn:cudnn", 64, True, "fwd")] == [(1024, pytest.approx(1.05))]
+    lines = anchors.table(rows).splitlines()
+    assert "| 0.80 " not in lines[2] and "| - 1.05 - - - - | 5.0 % | yes | a |" in lines[3]
+    assert "| - - 0.80 - - - | 20.0 % | **no** | a |" in lines[2]
+    assert lines[-1] == "1 of 2 points within 10 % of the anchors."
