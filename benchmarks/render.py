@@ -104,6 +104,60 @@ def speed_tables(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def summary_table(
+    rows: list[dict], ours: str = "pallas_flash:mosaic", peer: str = "jax.nn:cudnn"
+) -> str:
+    """One line per (head dim, causal, pass, run) of the fa suite: `ours` against the best
+    peer and against `peer`, as the range of ratios at seq 512-1k and at seq >= 2k (issue
+    5's thresholds), and ours at its fastest as a share of the run's dense matmul rate."""
+    rs = [r for r in rows if r["suite"] == "fa" and r["mask"] == "none" and r["pass"] != "fwd+bwd"]
+    groups = collections.defaultdict(list)
+    for r in rs:
+        groups[(r["head_dim"], r["causal"], r["pass"], r["run_id"])].append(r)
+    out = []
+    for (hd, causal, p, run_id), g in sorted(groups.items(), key=str):
+        cell = {(r["impl"], r["seq_q"]): r["tflops"] for r in g if not r["error"] and r["tflops"]}
+        seqs = sorted({t for i, t in cell if i == ours})
+        if not seqs:
+            continue
+
+        def ratios(pick, short):
+            xs = []
+            for t in seqs:
+                if (t >= 2048) == short:
+                    continue
+                others = [v for (i, u), v in cell.items() if u == t and pick(i)]
+                if others:
+                    xs.append(cell[(ours, t)] / max(others))
+            if not xs:
+                return "-"
+            lo, hi = f"{min(xs):.2f}", f"{max(xs):.2f}"
+            return f"{lo}x" if lo == hi else f"{lo}-{hi}x"
+
+        best = lambda i: not _ours(i)  # noqa: E731
+        just = lambda i: i == peer  # noqa: E731
+        fastest = max(cell[(ours, t)] for t in seqs)
+        matmul = g[0].get("matmul_tflops")
+        share = f"{fastest:.0f} ({100 * fastest / matmul:.0f} %)" if matmul else f"{fastest:.0f}"
+        out.append(
+            f"| {hd} | {'yes' if causal else 'no'} | {p} | {_seq_label(seqs[0])}-"
+            f"{_seq_label(seqs[-1])} | {ratios(best, True)} | {ratios(best, False)} | "
+            f"{ratios(just, True)} | {ratios(just, False)} | {share} | {run_id} |"
+        )
+    if not out:
+        return ""
+    head = [
+        f"{ours} against the best peer and against {peer}, per head dim, causal and pass "
+        "(ratios of TFLOP/s in the same run; the fastest point as a share of that run's "
+        "dense bf16 matmul rate)",
+        "",
+        "| head dim | causal | pass | seq | vs best peer, < 2k | vs best peer, >= 2k | "
+        f"vs {peer}, < 2k | vs {peer}, >= 2k | fastest TFLOP/s (of matmul) | run |",
+        "|---" * 10 + "|",
+    ]
+    return "\n".join(head + out) + "\n"
+
+
 def memory_table(rows: list[dict]) -> str:
     rs = [r for r in rows if r["suite"] == "memory"]
     if not rs:
@@ -469,6 +523,7 @@ def main(argv=None):
     ]
     for text in (
         speed_tables(speed),
+        summary_table(speed),
         memory_table(bench_rows),
         masks_table(bench_rows),
         mask_layouts_table(bench_rows),

@@ -72,9 +72,14 @@ def fit_steps(rows: list[dict], minutes: float, skip: int = 10, share: float = 0
     return max(1, int(rate * minutes * 60 * share / batch))
 
 
-def table(runs: list[tuple[str, list[dict]]], skip: int = 10) -> str:
+def table(runs: list[tuple[str, list[dict]]], skip: int = 10, evals: int | None = None) -> str:
+    """`evals`: show at most this many evaluation columns, evenly spaced, the last kept."""
     ref = {r["step"]: r["loss"] for r in runs[0][1] if "loss" in r}
-    evals = sorted({r["step"] for _, rows in runs for r in rows if "val_loss" in r})
+    steps = sorted({r["step"] for _, rows in runs for r in rows if "val_loss" in r})
+    if evals is not None and len(steps) > evals:
+        stride = -(-len(steps) // evals)  # ceil: at most `evals` columns
+        steps = steps[::-1][::stride][::-1]
+    evals = steps
     unit = _unit(runs[0][1])
     has_acc = any("val_acc" in r for _, rows in runs for r in rows)
     has_test = any("test_acc" in r for _, rows in runs for r in rows)
@@ -128,13 +133,16 @@ def main(argv=None) -> int:
         metavar="MINUTES",
         help="print only the step count MINUTES hold at the (one) run's steady rate",
     )
+    parser.add_argument(
+        "--evals", type=int, default=None, help="at most this many evaluation columns"
+    )
     args = parser.parse_args(argv)
     if args.fit_steps is not None:
         if len(args.runs) != 1:
             parser.error("--fit-steps takes one run")
         print(fit_steps(load(args.runs[0])[1], args.fit_steps, args.skip))
         return 0
-    print(table([load(p) for p in args.runs], args.skip))
+    print(table([load(p) for p in args.runs], args.skip, args.evals))
     return 0
 
 

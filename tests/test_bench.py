@@ -226,3 +226,28 @@ def test_anchors_compare_a_run_with_the_peers_measured_numbers():
     assert "| 0.80 " not in lines[2] and "| - 1.05 - - - - | 5.0 % | yes | a |" in lines[3]
     assert "| - - 0.80 - - - | 20.0 % | **no** | a |" in lines[2]
     assert lines[-1] == "1 of 2 points within 10 % of the anchors."
+
+
+def test_summary_sets_ours_against_the_best_peer_and_cudnn():
+    """render.summary_table: ratio ranges below and from seq 2k, against the best peer of
+    each length and against cuDNN, and ours at its fastest as a share of the matmul rate."""
+    base = dict(suite="fa", mask="none", error=None, head_dim=128, causal=False, run_id="r")
+    base["matmul_tflops"] = 800.0
+    speeds = {
+        "pallas_flash:mosaic": {1024: 300, 2048: 400, 4096: 500},
+        "jax.nn:cudnn": {1024: 250, 2048: 500, 4096: 400},
+        "tokamax:mosaic": {1024: 400, 2048: 100, 4096: 625},
+    }
+    rows = [
+        dict(base, impl=i, seq_q=t, tflops=v, **{"pass": "fwd"})
+        for i, by in speeds.items()
+        for t, v in by.items()
+    ]
+    rows.append(
+        dict(base, impl="jax.nn:xla", seq_q=4096, tflops=None, error="oom", **{"pass": "fwd"})
+    )
+    lines = render.summary_table(rows).splitlines()
+    assert (
+        lines[-1]
+        == "| 128 | no | fwd | 1k-4k | 0.75x | 0.80x | 1.20x | 0.80-1.25x | 500 (62 %) | r |"
+    )
