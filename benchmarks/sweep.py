@@ -75,6 +75,7 @@ MOSAIC_FWD_SPACE = dict(
     schedule_barrier=(True, False),
     rescale_before_turn=(False, True),
     early_k_wait=(False, True),
+    intra_overlap=(False, True),  # a schedule of its own: not with the two flags above
 )
 # The backward's two kernels, each varied with the other at its default.
 MOSAIC_DKV_SPACE = dict(
@@ -116,10 +117,15 @@ def bwd_candidates() -> list[configs.TritonBwdConfig]:
 
 
 def mosaic_fwd_candidates() -> list[configs.MosaicConfig]:
-    return [
-        configs.MosaicConfig(**dict(zip(MOSAIC_FWD_SPACE, c)))
-        for c in itertools.product(*MOSAIC_FWD_SPACE.values())
-    ]
+    """The forward's space, less the combinations the config rejects (intra_overlap with
+    rescale_before_turn or early_k_wait)."""
+    out = []
+    for c in itertools.product(*MOSAIC_FWD_SPACE.values()):
+        try:
+            out.append(configs.MosaicConfig(**dict(zip(MOSAIC_FWD_SPACE, c))))
+        except ValueError:
+            continue
+    return out
 
 
 def mosaic_bwd_candidates(head_dim: int) -> list[configs.MosaicBwdConfig]:
@@ -185,6 +191,7 @@ def _axes(c) -> tuple:
             int(not c.schedule_barrier),
             int(c.rescale_before_turn),
             int(c.early_k_wait),
+            int(c.intra_overlap),
         )
     if isinstance(c, configs.MosaicBwdConfig):
         return (

@@ -151,6 +151,9 @@ PIPELINES = [
     MosaicConfig(block_q=64, block_kv=64, num_stages=2, rescale_before_turn=True),
     MosaicConfig(block_q=64, block_kv=64, num_stages=2, early_k_wait=True),
     MosaicConfig(block_q=64, block_kv=64, num_stages=1, early_k_wait=True),
+    MosaicConfig(block_q=64, block_kv=64, num_stages=2, intra_overlap=True),
+    MosaicConfig(block_q=64, block_kv=64, num_stages=1, intra_overlap=True),
+    MosaicConfig(block_q=64, block_kv=64, num_stages=2, schedule_barrier=False, intra_overlap=True),
 ]
 
 
@@ -158,12 +161,27 @@ def _config_id(c: MosaicConfig) -> str:
     extra = ("" if c.schedule_barrier else "-no-pingpong") + ("" if c.p_in_registers else "-p-smem")
     extra += "-rescale-early" if c.rescale_before_turn else ""
     extra += "-k-wait-early" if c.early_k_wait else ""
+    extra += "-overlap" if c.intra_overlap else ""
     return f"q{c.block_q}-kv{c.block_kv}-stages{c.num_stages}{extra}"
 
 
 @pytest.mark.parametrize("config", PIPELINES, ids=_config_id)
 def test_interpret_pipeline_configs(config):
     _compare(Case(1, 200, 260, 2, 1, 64, F16, causal=True), config, interpret=True)
+
+
+# intra_overlap's own loop (prologue, overlapped steps, epilogue) over the awkward cases
+# where it differs most: rows that see no key, empty batch elements (no tile at all: the
+# prologue is skipped), a window, unsorted segment ids (every tile masked), GQA with T != S.
+# (Head dim 256 is out: P staged in two shared-memory buffers, as interpret mode needs,
+# does not fit there; the compiled kernel keeps P in registers.)
+OVERLAP_CASES = [INTERPRET_CASES[i] for i in (0, 2, 3, 5, 11)]
+
+
+@pytest.mark.parametrize("case", OVERLAP_CASES, ids=lambda c: c.id)
+def test_interpret_intra_overlap_matches_reference(case):
+    config = dataclasses.replace(SMALL, intra_overlap=True)
+    _compare(case, config, interpret=True, seed=hash(case.id) % 1000)
 
 
 def test_interpret_fully_masked_rows_are_zero_not_nan():
@@ -190,14 +208,17 @@ def test_interpret_never_reads_skipped_tiles():
     chex.assert_trees_all_equal(out, _mosaic(case, SMALL, interpret=True, qkv=(q, k_bad, v_bad)))
 
 
-def test_interpret_finds_no_data_race():
+@pytest.mark.parametrize("overlap", [False, True], ids=["", "overlap"])
+def test_interpret_finds_no_data_race(overlap):
     """The interpreter's happens-before race detector over the shared buffers (Q/O, P,
-    the logsumexp and the K/V ring; its wgmma operand reads are not instrumented)."""
+    the logsumexp and the K/V ring; its wgmma operand reads are not instrumented). With
+    intra_overlap, tile j's P is written while tile j - 1's P V may still read its own."""
     from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks  # no public accessor
 
     params = plgpu.InterpretGPUParams(detect_races=True)
     case = Case(1, 130, 300, 2, 1, 64, BF16, causal=True)
-    _compare(case, MosaicConfig(block_q=64, block_kv=64, num_stages=2), interpret=params)
+    config = MosaicConfig(block_q=64, block_kv=64, num_stages=2, intra_overlap=overlap)
+    _compare(case, config, interpret=params)
     assert not gpu_callbacks.get_races().races_found
 
 
@@ -282,6 +303,9 @@ def test_config_validation():
         MosaicConfig(block_kv=512)
     with pytest.raises(ValueError, match="num_stages"):
         MosaicConfig(num_stages=0)
+    for flag in ("rescale_before_turn", "early_k_wait"):
+        with pytest.raises(ValueError, match="intra_overlap .* neither"):
+            MosaicConfig(intra_overlap=True, **{flag: True})
     q = jnp.ones((1, 8, 1, 256), BF16)
     lens = jnp.full((1,), 8, jnp.int32)
     too_big = MosaicConfig(block_kv=256, num_stages=2)
@@ -303,12 +327,14 @@ LOWERINGS = {
 
 
 @pytest.mark.parametrize(
-    "p_in_registers,rescale_early",
-    [(True, False), (False, False), (True, True)],
-    ids=["p-regs", "p-smem", "p-regs-early"],
+    "p_in_registers,rescale_early,overlap",
+    [(True, False, False), (False, False, False), (True, True, False), (True, False, True)],
+    ids=["p-regs", "p-smem", "p-regs-early", "p-regs-overlap"],
 )
 @pytest.mark.parametrize("head_dim,dtype,spec", LOWERINGS.values(), ids=LOWERINGS.keys())
-def test_compiled_kernel_lowers_for_hopper(head_dim, dtype, spec, p_in_registers, rescale_early):
+def test_compiled_kernel_lowers_for_hopper(
+    head_dim, dtype, spec, p_in_registers, rescale_early, overlap
+):
     """Lowering for CUDA runs on CPU: Pallas to the Mosaic GPU dialect, its layout
     inference for sm_90, the lowering of that dialect and the shared-memory check. What
     is left for the GPU: LLVM/PTX code generation, ptxas, and running it."""
@@ -317,6 +343,7 @@ def test_compiled_kernel_lowers_for_hopper(head_dim, dtype, spec, p_in_registers
         p_in_registers=p_in_registers,
         rescale_before_turn=rescale_early,
         early_k_wait=rescale_early,
+        intra_overlap=overlap,
     )
 
     def f(q, k, v, q_len, kv_len):
@@ -331,12 +358,13 @@ def test_compiled_kernel_lowers_for_hopper(head_dim, dtype, spec, p_in_registers
     assert "mosaic_gpu" in lowered.as_text()
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["", "overlap"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_compiled_kernel_with_segment_ids_lowers_for_hopper(head_dim):
+def test_compiled_kernel_with_segment_ids_lowers_for_hopper(head_dim, overlap):
     """Segment ids on the compiled path (P in registers): their TMA copies, barriers and
     row/column layouts lower for sm_90."""
     spec = masks.MaskSpec(causal=True, segments=True)
-    config = default_mosaic_config(head_dim)
+    config = dataclasses.replace(default_mosaic_config(head_dim), intra_overlap=overlap)
 
     def f(q, k, v, q_len, kv_len, q_seg, kv_seg):
         return mosaic_forward.forward(
@@ -393,6 +421,14 @@ def test_gpu_matches_reference(case, p_in_registers):
     config = dataclasses.replace(
         default_mosaic_config(case.head_dim), p_in_registers=p_in_registers
     )
+    _compare(case, config, interpret=False, seed=hash(case.id) % 1000)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_intra_overlap_matches_reference(case):
+    """intra_overlap compiled (P in registers, as it would run) over the whole table."""
+    config = dataclasses.replace(default_mosaic_config(case.head_dim), intra_overlap=True)
     _compare(case, config, interpret=False, seed=hash(case.id) % 1000)
 
 

@@ -79,8 +79,8 @@ def test_sweep_tiny_mosaic_runs_and_renders(tmp_path):
     # the default and its nearest candidate, as interpret mode runs them (P in shared memory)
     fwd = [r for r in rows if r["pass"] == "fwd"]
     assert {tuple(r["config"].values()) for r in fwd} == {
-        (64, 128, 2, True, False, False, False),
-        (64, 64, 2, True, False, False, False),
+        (64, 128, 2, True, False, False, False, False),
+        (64, 64, 2, True, False, False, False, False),
     }
     default_bwd = dataclasses.replace(
         configs.default_mosaic_bwd_config(64), operands_in_registers=False
@@ -126,7 +126,9 @@ DQ_FIELDS = ("block_q_dq", "block_kv_dq", "num_stages_dq", "consumers_dq")
 def test_mosaic_candidates_start_at_the_default_and_it_fits(head_dim):
     fwd_default = configs.default_mosaic_config(head_dim)
     fwd = sweep.ordered(sweep.candidates("mosaic", "fwd", head_dim), fwd_default)
-    assert fwd[0] == fwd_default and len(set(fwd)) == len(fwd) == 2 * 4 * 3 * 2 * 2 * 2
+    # tiles, stages, ping-pong, then the schedules: the two flags' four combinations, or
+    # intra_overlap alone
+    assert fwd[0] == fwd_default and len(set(fwd)) == len(fwd) == 2 * 4 * 3 * 2 * (2 * 2 + 1)
     assert all(c.p_in_registers for c in fwd)
     assert sum(a != b for a, b in zip(sweep._axes(fwd[1]), sweep._axes(fwd_default))) == 1
 

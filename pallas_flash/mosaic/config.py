@@ -21,7 +21,11 @@ rows per warpgroup and two K/V stages and takes the first block_kv of 256, 128, 
 fits in Hopper's 227 KiB of shared memory (256 at head dim 64, 128 at 128, 64 at 256).
 At head dim 64 we start at 128 as well, which keeps the float32 score tile at 64
 registers per thread. `python -m benchmarks.sweep --family mosaic` (gpu_run.sh step
-`sweep-mosaic`) times the alternatives, these flags included, to replace this note.
+`sweep-mosaic`) times the alternatives, the schedule flags included (rescale_before_turn
+and early_k_wait, as JAX's Mosaic FA3 schedules; intra_overlap, FA3's intra-warpgroup
+pipelining), to replace this note. In the fa grids (`fa-mosaic-fa74dc8.jsonl`,
+`fa-a8d81d9/`) JAX's Mosaic FA3 runs at 1.06-1.12x this forward at head dims 64 and 128,
+non-causal.
 
 Backward default table (`MosaicBwdConfig`; one CTA has `consumers` compute warpgroups
 and a TMA producer; shared memory from `smem_bytes_*`, operands in registers):
@@ -87,6 +91,11 @@ class MosaicConfig:
     early_k_wait: wait for the next K tile while this tile's P V runs (JAX's Mosaic FA3
       and tokamax do), instead of at the top of the next step, where the wait sits
       between our turn and the next Q K^T. Off until measured.
+    intra_overlap: FA3's intra-warpgroup pipelining: tile j's Q K^T and tile j - 1's
+      P V are issued together and tile j's softmax runs while that P V does (neither
+      JAX's Mosaic FA3 nor tokamax does; FA3's ablation credits it with about 13 % at
+      head dim 128). It holds a second score tile's worth of registers. A schedule of
+      its own: not with rescale_before_turn or early_k_wait. Off until measured.
     """
 
     block_q: int = 64
@@ -96,6 +105,7 @@ class MosaicConfig:
     p_in_registers: bool = True
     rescale_before_turn: bool = False
     early_k_wait: bool = False
+    intra_overlap: bool = False
 
     def __post_init__(self):
         if self.block_q % 64 or self.block_q < 64:
@@ -104,13 +114,20 @@ class MosaicConfig:
             raise ValueError(f"{self.block_kv=} must be 64, 128, 192 or 256")
         if self.num_stages < 1:
             raise ValueError(f"{self.num_stages=} must be >= 1")
+        if self.intra_overlap and (self.rescale_before_turn or self.early_k_wait):
+            raise ValueError(
+                "intra_overlap is a schedule of its own: it takes neither "
+                "rescale_before_turn nor early_k_wait"
+            )
 
     def smem_bytes(self, head_dim: int, itemsize: int = 2) -> int:
         """Shared memory the forward kernel allocates at this (padded) head dim (an upper
         bound: Mosaic GPU reports up to 1 KiB less)."""
         q_o = NUM_CONSUMERS * self.block_q * head_dim * itemsize
         kv = 2 * self.num_stages * self.block_kv * head_dim * itemsize
-        p = 0 if self.p_in_registers else NUM_CONSUMERS * self.block_q * self.block_kv * itemsize
+        p_tile = NUM_CONSUMERS * self.block_q * self.block_kv * itemsize
+        # P staged in shared memory: two buffers when the next softmax overlaps a P V.
+        p = 0 if self.p_in_registers else p_tile * (2 if self.intra_overlap else 1)
         lse = NUM_CONSUMERS * self.block_q * 4
         barriers = 8 * (4 * self.num_stages + NUM_CONSUMERS + 1)
         return q_o + kv + p + lse + barriers + _MOSAIC_OVERHEAD

@@ -13,6 +13,9 @@ and unnormalised output `acc` in float32 registers. The schedule is FlashAttenti
   "free" barrier (one arrival per consumer) says the producer may overwrite it.
 * Ping-pong scheduling. A barrier between the two consumers makes them take turns at
   the tensor cores, so that one's softmax overlaps the other's matmuls.
+* Intra-warpgroup pipelining (`MosaicConfig.intra_overlap`, off until measured): a
+  consumer issues tile j's Q K^T with tile j - 1's P V and runs tile j's softmax while
+  that P V is in flight (FA3, Sec. 3.2).
 
 Scores go to base 2 with log2(e) folded into the softmax scale: exp(x) = exp2(x log2 e),
 so each probability costs one FMA and one exp2, and `m_i` is kept in base-2 units.
@@ -271,7 +274,9 @@ def _kernel(
             )
         q_len = q_len_ref[b]
         kv_len = kv_len_ref[b]
-        diag = masks.offset(spec, q_len, kv_len)
+        # Top-left alignment: the literal 0, not a traced zero, which `pl.run_state`
+        # (intra_overlap) cannot close over in Mosaic GPU's lowering.
+        diag = masks.offset(spec, q_len, kv_len) if spec.uses_offset else 0
         c = scale * LOG2E  # base-2 scores: log2(e) folded into the scale
 
         def take_turn():  # meet the other consumer (the ping-pong barrier alternates)
@@ -283,6 +288,25 @@ def _kernel(
             @pl.when(j + 1 < hi)
             def _():
                 plgpu.barrier_wait(k_ready.at[slot_of(j + 1)])
+
+        def release_k(j, slot, shape, masked: bool):
+            """Frees K slot `slot` (tile j's scores are in registers) and returns tile j's
+            element mask, or None for a tile every row sees in full. A boundary tile's
+            key segment ids are read first: they share the slot's barriers."""
+            segs = None
+            if masked and q_seg_ref is not None:
+                segs = (
+                    lax.broadcast_in_dim(q_segs, shape, [0]),
+                    lax.broadcast_in_dim(plgpu.load(kv_seg_smem.at[slot], layout=_COL), shape, [1]),
+                )
+            plgpu.barrier_arrive(k_free.at[slot])
+            if not masked:
+                return None
+            rows = q0 + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
+            cols = j * block_kv + plgpu.broadcasted_iota(
+                jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA
+            )  # [block_q, block_kv] each
+            return masks.tile_mask(spec, rows, cols, kv_len, diag, segs)
 
         def body(j, carry, *, masked: bool):
             acc, m_i, l_i = carry
@@ -296,24 +320,7 @@ def _kernel(
                 return s_ref[...]  # waits for this wgmma
 
             s = pl.run_scoped(qk, plgpu.ACC((block_q, block_kv), jnp.float32))  # q @ k.T
-            segs = None
-            if masked and q_seg_ref is not None:  # read before the slot is released
-                segs = (
-                    lax.broadcast_in_dim(q_segs, s.shape, [0]),
-                    lax.broadcast_in_dim(
-                        plgpu.load(kv_seg_smem.at[slot], layout=_COL), s.shape, [1]
-                    ),
-                )
-            plgpu.barrier_arrive(k_free.at[slot])
-            keep = None
-            if masked:  # the structural masks cut this tile (full tiles skip this work)
-                rows = q0 + plgpu.broadcasted_iota(
-                    jnp.int32, s.shape, 0, layout=plgpu.Layout.WGMMA
-                )  # [block_q, block_kv]
-                cols = j * block_kv + plgpu.broadcasted_iota(
-                    jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA
-                )  # [block_q, block_kv]
-                keep = masks.tile_mask(spec, rows, cols, kv_len, diag, segs)
+            keep = release_k(j, slot, s.shape, masked)
             p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, c, keep)  # p: [block_q, block_kv]
 
             def rescale(acc, p):  # [block_q, head_dim], and P as the wgmma takes it
@@ -354,6 +361,132 @@ def _kernel(
             plgpu.barrier_arrive(v_free.at[slot])
             return acc, m_i, l_i
 
+        # intra_overlap: FA3's intra-warpgroup pipelining (Shah et al., 2024, Sec. 3.2).
+        # Tile j's Q K^T and tile j - 1's P V are issued together; the softmax of tile j
+        # runs while that P V is still on the tensor cores, and the accumulator is
+        # rescaled after it: O_j = (O_{j-1} + P_{j-1} V_{j-1}) * alpha_j. A prologue
+        # computes tile lo's scores alone and an epilogue the last P V. The turns are
+        # taken as in `body` (one after issuing, one around the softmax's end), so the
+        # two consumers still ping-pong and take the same number of turns.
+        def p_buffer(j):  # P staged in shared memory: two buffers, tile j in (j - lo) % 2
+            return p_smem.at[wg, lax.rem(j - lo, jnp.int32(2))]
+
+        def keep_p(p, j):  # P as the next step's P V takes it: registers or its buffer
+            if config.p_in_registers:
+                return p.astype(dtype)
+            p_buffer(j)[...] = p.astype(dtype)
+            plgpu.commit_smem()  # visible to the wgmma's asynchronous reads
+            return None
+
+        def first_tile(carry):
+            acc, m_i, l_i = carry
+            slot = slot_of(lo)
+            plgpu.barrier_wait(k_ready.at[slot])
+
+            def qk(s_ref):
+                plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
+                take_turn()
+                return s_ref[...]
+
+            s = pl.run_scoped(qk, plgpu.ACC((block_q, block_kv), jnp.float32))
+            # The first tile may be a full one: masking it is exact, and it is one tile.
+            p, m_i, l_i, _ = _online_softmax(s, m_i, l_i, c, release_k(lo, slot, s.shape, True))
+            p = keep_p(p, lo)
+            if turns is not None:
+                plgpu.barrier_arrive(turns)  # softmax done
+            return acc, m_i, l_i, p
+
+        def overlapped_body(j, carry, *, masked: bool):
+            acc, m_i, l_i, p_prev = carry
+            slot, prev = slot_of(j), slot_of(j - 1)
+            plgpu.barrier_wait(k_ready.at[slot])
+            plgpu.barrier_wait(v_ready.at[prev])
+            if turns is not None:
+                plgpu.barrier_wait(turns)  # our turn: Q K^T of j and P V of j - 1
+
+            def scores(s_ref, pv_ref, p_prev):  # issue both, wait for Q K^T only
+                plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
+                plgpu.wgmma(pv_ref, p_prev, v_smem.at[prev])
+                take_turn()
+                # wgmma groups complete in order: at most one in flight is the P V.
+                s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
+                return _online_softmax(s, m_i, l_i, c, release_k(j, slot, s.shape, masked))
+
+            if config.p_in_registers:
+
+                def step(refs):  # P V accumulates in place on acc
+                    acc_ref, p_ref, m_ref, l_ref, alpha_ref = refs
+                    p, m_new, l_new, alpha = pl.run_scoped(
+                        lambda s_ref: scores(s_ref, acc_ref, p_ref[...]),
+                        plgpu.ACC((block_q, block_kv), jnp.float32),
+                    )
+                    p_ref[...], m_ref[...], l_ref[...] = keep_p(p, j), m_new, l_new
+                    alpha_ref[...] = alpha
+                    if turns is not None:
+                        plgpu.barrier_arrive(turns)  # softmax done
+
+                # run_state awaits the P V before returning the accumulator; the refs
+                # after it carry the softmax's results out (alpha's starts as m_i).
+                acc, p, m_i, l_i, alpha = pl.run_state(step)(
+                    (plgpu.ACC.init(acc), p_prev, m_i, l_i, m_i)
+                )
+            else:
+
+                def step(s_ref, pv_ref):  # P V into a fresh accumulator, added below
+                    p, m_new, l_new, alpha = scores(s_ref, pv_ref, p_buffer(j - 1))
+                    keep_p(p, j)
+                    if turns is not None:
+                        plgpu.barrier_arrive(turns)  # softmax done
+                    return m_new, l_new, alpha, pv_ref[...]
+
+                m_i, l_i, alpha, pv = pl.run_scoped(
+                    step,
+                    plgpu.ACC((block_q, block_kv), jnp.float32),
+                    plgpu.ACC((block_q, head_dim), jnp.float32),
+                )
+                acc, p = acc + pv, None
+            plgpu.barrier_arrive(v_free.at[prev])
+            return acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), m_i, l_i, p
+
+        def last_pv(acc, p, j):
+            slot = slot_of(j)
+            plgpu.barrier_wait(v_ready.at[slot])
+            if turns is not None:
+                plgpu.barrier_wait(turns)
+            if config.p_in_registers:
+                acc = pl.run_state(lambda acc_ref: plgpu.wgmma(acc_ref, p, v_smem.at[slot]))(
+                    plgpu.ACC.init(acc)
+                )
+            else:
+
+                def pv(acc_ref):
+                    plgpu.wgmma(acc_ref, p_buffer(j), v_smem.at[slot])
+                    return acc_ref[...]
+
+                acc = acc + pl.run_scoped(pv, plgpu.ACC((block_q, head_dim), jnp.float32))
+            plgpu.barrier_arrive(v_free.at[slot])
+            return acc
+
+        def overlapped(carry):
+            carry = first_tile(carry)
+            start = lo + 1
+            carry = lax.fori_loop(
+                start, full_lo, functools.partial(overlapped_body, masked=True), carry
+            )
+            carry = lax.fori_loop(
+                jnp.maximum(start, full_lo),
+                full_hi,
+                functools.partial(overlapped_body, masked=False),
+                carry,
+            )
+            acc, m_i, l_i, p = lax.fori_loop(
+                jnp.maximum(start, full_hi),
+                hi,
+                functools.partial(overlapped_body, masked=True),
+                carry,
+            )
+            return last_pv(acc, p, hi - 1), m_i, l_i
+
         row_layout = plgpu.Layout.WGMMA.reduce(1)
         carry = (
             plgpu.layout_cast(jnp.zeros((block_q, head_dim), jnp.float32), plgpu.Layout.WGMMA),
@@ -370,24 +503,31 @@ def _kernel(
         # issues its P V and next Q K^T while the other computes its softmax (FA3's
         # ping-pong); both take the same number of turns, so neither waits forever.
         pl.when(wg == 1)(take_turn)
-        carry = lax.fori_loop(lo, full_lo, functools.partial(body, masked=True), carry)
-        carry = lax.fori_loop(full_lo, full_hi, functools.partial(body, masked=False), carry)
-        acc, m_i, l_i = lax.fori_loop(full_hi, hi, functools.partial(body, masked=True), carry)
-        pl.when(wg == 0)(take_turn)
 
-        # Rows past q_len are padding, and a fully masked row has l_i == 0: both output
-        # 0 with logsumexp -inf, never 0/0.
-        rows = q0 + plgpu.broadcasted_iota(jnp.int32, (block_q,), 0, layout=row_layout)
-        l_i = jnp.where(rows < q_len, l_i, 0.0)
-        empty = l_i == 0.0
-        l_safe = jnp.where(empty, 1.0, l_i)
-        inv = jnp.where(empty, 0.0, 1.0 / l_safe)
-        lse_smem.at[wg][...] = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(l_safe)) * LN2)
-        q_smem[...] = (acc * lax.broadcast_in_dim(inv, acc.shape, [0])).astype(dtype)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(q_smem, o_ref.at[b, pl.ds(q0, block_q), h])
-        plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(q0, block_q)])
-        plgpu.wait_smem_to_gmem(0)
+        def finish(acc, m_i, l_i):
+            pl.when(wg == 0)(take_turn)
+            # Rows past q_len are padding, and a fully masked row has l_i == 0: both
+            # output 0 with logsumexp -inf, never 0/0.
+            rows = q0 + plgpu.broadcasted_iota(jnp.int32, (block_q,), 0, layout=row_layout)
+            l_i = jnp.where(rows < q_len, l_i, 0.0)
+            empty = l_i == 0.0
+            l_safe = jnp.where(empty, 1.0, l_i)
+            inv = jnp.where(empty, 0.0, 1.0 / l_safe)
+            lse_smem.at[wg][...] = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(l_safe)) * LN2)
+            q_smem[...] = (acc * lax.broadcast_in_dim(inv, acc.shape, [0])).astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(q_smem, o_ref.at[b, pl.ds(q0, block_q), h])
+            plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(q0, block_q)])
+            plgpu.wait_smem_to_gmem(0)
+
+        if not config.intra_overlap:
+            carry = lax.fori_loop(lo, full_lo, functools.partial(body, masked=True), carry)
+            carry = lax.fori_loop(full_lo, full_hi, functools.partial(body, masked=False), carry)
+            finish(*lax.fori_loop(full_hi, hi, functools.partial(body, masked=True), carry))
+        else:
+            # The prologue needs a first tile: a row block that sees none skips to the end.
+            pl.when(hi > lo)(lambda: finish(*overlapped(carry)))
+            pl.when(hi <= lo)(lambda: finish(*carry))
 
 
 def _pad(x, seq: int, head_dim: int):
@@ -482,7 +622,14 @@ def forward(
         p_smem=None
         if config.p_in_registers
         else plgpu.SMEM(
-            (NUM_CONSUMERS, config.block_q, config.block_kv), q.dtype, transforms=transforms
+            (
+                NUM_CONSUMERS,
+                *((2,) if config.intra_overlap else ()),
+                config.block_q,
+                config.block_kv,
+            ),
+            q.dtype,
+            transforms=transforms,
         ),
         lse_smem=plgpu.SMEM((NUM_CONSUMERS, config.block_q), jnp.float32),
         q_seg_smem=plgpu.SMEM((NUM_CONSUMERS, config.block_q), jnp.int32) if seg_inputs else None,
