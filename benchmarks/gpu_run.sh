@@ -71,9 +71,10 @@ for step in "$@"; do
     # (fa-64-both.jsonl), so two GPUs' slices never share one.
     fa-grid:*) spec=${step#fa-grid:}; hd=${spec%%:*}; spec=${spec#*:}; causal=${spec%%:*}
              budget=${spec#*:}; out="$OUT/fa-${hd//,/-}-$causal.jsonl"
+             slice_id="$run_id-fa-${hd//,/-}-$causal"  # one run id per process
              [ "$causal" = both ] && causal=
              timeout $((budget + 90)) python3 -m benchmarks.bench --suite fa --commit "$commit" \
-               --run-id "$run_id" --head-dims "$hd" ${causal:+--causal "$causal"} \
+               --run-id "$slice_id" --head-dims "$hd" ${causal:+--causal "$causal"} \
                --time-budget "$budget" --out "$out" 2>&1 | tail -2 ;;
     # prepare:TASK: a dataset made once, before steps on both GPUs read it.
     prepare:*) python3 -m models.data prepare "${step#prepare:}" ;;
