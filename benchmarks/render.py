@@ -115,7 +115,7 @@ def summary_table(
     for r in rs:
         groups[(r["head_dim"], r["causal"], r["pass"], r["run_id"])].append(r)
     out = []
-    for (hd, causal, p, run_id), g in sorted(groups.items(), key=str):
+    for (hd, causal, p, run_id), g in sorted(groups.items(), key=lambda kv: kv[0]):
         cell = {(r["impl"], r["seq_q"]): r["tflops"] for r in g if not r["error"] and r["tflops"]}
         seqs = sorted({t for i, t in cell if i == ours})
         if not seqs:
