@@ -27,6 +27,15 @@ deterministic:
   the producer streams the K and V tiles; each consumer computes S and dP, then
   dQ += dS K.
 
+The price: S and dP are computed twice, seven T x S x H matmuls where a fused kernel
+does five, and the FLOP convention (2.5x the forward) counts five. At head dim 128,
+non-causal, 16k, this backward's 470 TFLOP/s by the convention are 658 TFLOP/s of
+matmul work (`fa-mosaic-fa74dc8.jsonl`), about 90 % of the H200's dense bf16 rate
+(728-785, ../shared/ANCHORS.md); cuDNN's 541 by the convention would need 757 here. So
+this design cannot reach cuDNN at long lengths there; what can is one fused kernel
+that adds dQ in a fixed order (FA3's deterministic mode orders its atomic adds with
+a semaphore per query tile).
+
 Scores are in base 2 (log2(e) folded into the scale) and the logsumexp arrives in base
 2 with +inf on rows that see no key (`logits.backward_stats`), so P = exp2(S c - lse2)
 is exactly 0 there and on padding rows, with no mask: their gradients are 0, never NaN.
