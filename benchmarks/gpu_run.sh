@@ -89,14 +89,22 @@ for step in "$@"; do
              --masks none,segments:1,padding-full,mask-full --out "$OUT/profile-masks.jsonl" ;;
     fa:*) timeout 590 python3 -m benchmarks.bench --suite fa --commit "$commit" \
              --run-id "$run_id" --time-budget "${step#fa:}" --out "$OUT/fa.jsonl" ;;
-    # Launch configs of the Triton kernels, nearest the defaults first: configs.py's evidence.
-    sweep) timeout 590 python3 -m benchmarks.sweep --commit "$commit" --run-id "$run_id" \
-             --time-budget 540 --out "$OUT/sweep.jsonl" ;;
-    # The Mosaic GPU kernels' configs (mosaic/config.py's tables). Candidates run in the
-    # sweep's one process, which checks its budget before each; a barrier bug hangs
-    # rather than fails, and this timeout is what ends it (rows so far are written).
-    sweep-mosaic) timeout 590 python3 -m benchmarks.sweep --family mosaic --commit "$commit" \
-             --run-id "$run_id" --time-budget 540 --out "$OUT/sweep-mosaic.jsonl" ;;
+    # Launch configs of the Triton kernels (sweep) or the Mosaic GPU kernels
+    # (sweep-mosaic), nearest the defaults first: configs.py's and mosaic/config.py's
+    # evidence. sweep[-mosaic][:HEAD_DIMS[:PASSES[:SECONDS]]] narrows it, e.g. to split it
+    # over two GPUs (gpu1:sweep-mosaic:64:fwd sweep-mosaic:128:fwd); SECONDS is the budget
+    # (default 540). Candidates run in the sweep's one process, which checks its budget
+    # before each; a Mosaic barrier bug hangs rather than fails, and this timeout is what
+    # ends it (rows so far are written).
+    sweep|sweep:*|sweep-mosaic|sweep-mosaic:*)
+             family=triton; [ "${step%%:*}" = sweep-mosaic ] && family=mosaic
+             spec=; [ "$step" != "${step%%:*}" ] && spec=${step#*:}
+             hd=${spec%%:*}; spec=${spec#"$hd"}; spec=${spec#:}
+             passes=${spec%%:*}; budget=${spec#"$passes"}; budget=${budget#:}
+             budget=${budget:-540}; name=${step//[:,]/-}
+             timeout $((budget + 50)) python3 -m benchmarks.sweep --family "$family" \
+               --commit "$commit" --run-id "$run_id-$name" --time-budget "$budget" \
+               ${hd:+--head-dims "$hd"} ${passes:+--passes "$passes"} --out "$OUT/$name.jsonl" ;;
     # Issue 6 on the H200. lra:TASK:MINUTES (listops, pathfinder32, ...): the task's data
     # is generated there (no network needed), then the LRA preset trains for MINUTES at
     # most (its step budget is the preset's, or LRA_STEPS) and is tested at the end.
