@@ -5,11 +5,13 @@
 set -u
 commit=$1; shift
 # Once per machine: a step run on the second GPU (gpu1:STEP) calls this script again.
-if [ ! -e /tmp/site/.installed ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .peers/*.whl \
-    && touch /tmp/site/.installed || exit 1
+# (GPU_RUN_SITE: where the peer wheels go; tests/test_gpu_run.py points it elsewhere.)
+site=${GPU_RUN_SITE:-/tmp/site}
+if [ ! -e "$site/.installed" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .peers/*.whl \
+    && mkdir -p "$site" && touch "$site/.installed" || exit 1
 fi
-export PYTHONPATH=/tmp/site:$PWD/.peers/stub:$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$site:$PWD/.peers/stub:$PWD PYTHONUNBUFFERED=1
 run_id="$(date +%Y%m%d-%H%M%S)-$commit"
 for step in "$@"; do
   [ "${step#gpu1:}" != "$step" ] && step=${step//+/ }  # gpu1:A+B: the child runs A then B
@@ -218,6 +220,7 @@ echo "== done $(date +%T)"
 # At most 8 files come back from $OUT: more are bundled into one archive (the top-level
 # call only: a gpu1 step's call shares $OUT). Unpack with tar xzf results.tgz.
 if [ -z "${GPU_RUN_CHILD:-}" ] && [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
-  tar czf /tmp/results.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/results.tgz "$OUT/"
+  bundle=$(mktemp -d)/results.tgz
+  tar czf "$bundle" -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv "$bundle" "$OUT/"
   echo "bundled into \$OUT/results.tgz"
 fi

@@ -1,0 +1,138 @@
+"""benchmarks/gpu_run.sh, the one script a device call runs, with a stand-in `python3`
+that records its command lines: the steps' parsing, the commands they build, the
+second-GPU child and the bundling of results, checked on CPU before device time is spent
+on a typo."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import tarfile
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# Logs each call (with the GPU it would run on) and answers --fit-steps with 1234.
+FAKE_PYTHON = """#!/usr/bin/env bash
+echo "gpu=${CUDA_VISIBLE_DEVICES:-all} $*" >> "$CALLS"
+case "$*" in *--fit-steps*) echo 1234 ;; esac
+exit 0
+"""
+
+
+@pytest.fixture
+def gpu_run(tmp_path):
+    bin_dir, out = tmp_path / "bin", tmp_path / "out"
+    bin_dir.mkdir()
+    out.mkdir()
+    fake = bin_dir / "python3"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    env = dict(
+        os.environ,
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        OUT=str(out),
+        CALLS=str(calls),
+        GPU_RUN_SITE=str(tmp_path / "site"),
+    )
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+
+    def run(*steps, prefill: int = 0):
+        for i in range(prefill):  # results of earlier steps, as a call leaves them
+            (out / f"earlier-{i}.jsonl").write_text("{}\n")
+        proc = subprocess.run(
+            ["bash", "benchmarks/gpu_run.sh", "abc1234", *steps],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout, calls.read_text().splitlines(), out
+
+    return run
+
+
+def _one(calls, *parts):
+    """The one recorded call that contains every part."""
+    hits = [c for c in calls if all(p in c for p in parts)]
+    assert len(hits) == 1, (parts, calls)
+    return hits[0]
+
+
+def test_peer_wheels_are_installed_once(gpu_run, tmp_path):
+    _, calls, _ = gpu_run("prepare:listops")
+    assert any("-m pip install" in c and f"--target {tmp_path / 'site'}" in c for c in calls)
+    _, calls, _ = gpu_run("prepare:listops")
+    assert sum("-m pip install" in c for c in calls) == 1  # the marker file was left
+    assert "-m models.data prepare listops" in calls[-1]
+
+
+def test_fa_grid_slices_and_sweeps_build_their_commands(gpu_run):
+    _, calls, _ = gpu_run(
+        "fa-grid:64:both:100", "fa-grid:256:true:50", "sweep-mosaic:64,128:fwd", "sweep"
+    )
+    both = _one(calls, "--suite fa", "--head-dims 64 ")
+    assert "--causal" not in both and "--time-budget 100" in both
+    assert "-abc1234-fa-64-both " in both and both.endswith("/fa-64-both.jsonl")
+    causal = _one(calls, "--suite fa", "--head-dims 256")
+    assert "--causal true" in causal and "--time-budget 50" in causal
+    sweep = _one(calls, "--family mosaic")
+    assert "--head-dims 64,128 --passes fwd" in sweep and "--time-budget 540" in sweep
+    assert sweep.endswith("/sweep-mosaic-64-128-fwd.jsonl")
+    triton = _one(calls, "--family triton")
+    assert "--head-dims" not in triton and triton.endswith("/sweep.jsonl")
+
+
+def test_lra_steps_pass_flags_and_fit_steps_from_a_probe(gpu_run):
+    _, calls, out = gpu_run("lra:listops:6:clip=1,lr=5e-4", "lra:pathfinder32:6:auto")
+    listops = _one(calls, "-m models.train --task listops")
+    assert "--max-minutes 6 --clip 1 --lr 5e-4 --out runs/listops-clip1-lr5e-4" in listops
+    assert "--steps" not in listops  # the preset's own step count
+    probe = _one(calls, "--task pathfinder32", "--steps 60")
+    assert "--eval-every 0" in probe and probe.endswith("--out runs/pathfinder32-probe")
+    fit = _one(calls, "--fit-steps")
+    assert fit.endswith("-m models.report --fit-steps 6 runs/pathfinder32-probe")
+    train = _one(calls, "--task pathfinder32", "--max-minutes 6")
+    assert "--steps 1234" in train and train.endswith("--out runs/pathfinder32")
+    assert (out / "pathfinder32-steps.log").read_text().startswith("lra pathfinder32: 1234 steps")
+
+
+def test_second_gpu_child_runs_its_steps_in_turn(gpu_run):
+    _, calls, out = gpu_run(
+        "gpu1:lra-compare:pathfinder32:5:flash,xla+prepare:listops",
+        "fa-grid:64:false:10",
+        "wait",
+    )
+    child = [c for c in calls if c.startswith("gpu=1 ")]
+    assert [("--attention flash" in c, "--attention xla" in c) for c in child if "train" in c] == [
+        (True, False),
+        (False, True),
+    ]
+    assert "-m models.data prepare listops" in child[-1]  # after the comparison, in turn
+    assert _one(calls, "--suite fa").startswith("gpu=0 ")
+    assert (out / "gpu1.txt").exists()
+
+
+@pytest.mark.parametrize("earlier", [5, 9])
+def test_more_than_eight_files_are_bundled(gpu_run, earlier):
+    """A device call returns at most 8 files: more leave as one results.tgz."""
+    stdout, _, out = gpu_run("prepare:listops", prefill=earlier)
+    files = sorted(p.name for p in out.iterdir())
+    if earlier <= 8:
+        assert "bundled" not in stdout and len(files) == earlier
+    else:
+        assert "bundled into $OUT/results.tgz" in stdout and files == ["results.tgz"]
+        with tarfile.open(out / "results.tgz") as tar:
+            names = {pathlib.Path(n).name for n in tar.getnames()}
+        assert {f"earlier-{i}.jsonl" for i in range(earlier)} <= names
+
+
+def test_unknown_step_is_reported(gpu_run):
+    stdout, calls, _ = gpu_run("no-such-step")
+    assert "unknown step no-such-step" in stdout
+    assert not [c for c in calls if "pip install" not in c]
