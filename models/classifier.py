@@ -3,7 +3,8 @@
 LRA's Transformer (Tay et al., 2021; google-research/long-range-arena,
 `lra_benchmarks/models/transformer/transformer.py`): token embedding, fixed sinusoidal (or
 learned) absolute positions, an optional CLS token in front, pre-norm blocks (the GPT's
-`gpt.Block`, non-causal here, with dropout where LRA puts it), a final LayerNorm, pooling
+`gpt.Block`, non-causal here, with dropout where LRA puts it and LRA's initialisation:
+xavier-uniform kernels, no attention biases), a final LayerNorm, pooling
 (the CLS token, or the mean over the valid tokens) and a head Dense(mlp_dim) -> ReLU ->
 Dense(classes).
 
@@ -317,6 +318,11 @@ class Classifier(nnx.Module):
                     qkv_dim=cfg.qkv_dim,
                     mlp_dim=cfg.mlp_dim,
                     dropout_rate=cfg.dropout,
+                    # LRA's TransformerBlock: xavier-uniform kernels (q, k, v each its
+                    # own), no attention biases, MLP biases normal(1e-6)
+                    kernel_init=nnx.initializers.xavier_uniform(),
+                    attention_bias=False,
+                    mlp_bias_init=nnx.initializers.normal(1e-6),
                     rngs=rngs,
                 )
                 for _ in range(cfg.n_layer)

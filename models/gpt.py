@@ -79,11 +79,25 @@ def dropout(x, rate: float, key):
     return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
 
 
+def per_projection(init, widths):
+    """An initializer for a fused [d, sum(widths)] kernel that gives each projection's own
+    [d, w] block `init`, as if they were separate layers: a fan-based init (xavier) would
+    otherwise see the fused width as one layer's fan-out."""
+
+    def f(key, shape, dtype=jnp.float32):
+        keys = jax.random.split(key, len(widths))
+        return jnp.concatenate([init(k, (shape[0], w), dtype) for k, w in zip(keys, widths)], 1)
+
+    return f
+
+
 class Block(nnx.Module):
     """Pre-norm block. `cfg` needs d_model, n_head, n_kv_head, rotary, compute_dtype;
     qkv_dim (attention width, default d_model), mlp_dim (default 4 d_model) and
     dropout_rate (on the attention output and both MLP layers, LRA's placement) serve the LRA
-    classifier; the GPT uses the defaults."""
+    classifier, and so do kernel_init (None: nnx.Linear's lecun-normal; applied per
+    projection in the fused q/k/v kernel), attention_bias (False: q/k/v and the output
+    projection without biases) and mlp_bias_init (None: zeros); the GPT uses the defaults."""
 
     def __init__(
         self,
@@ -94,6 +108,9 @@ class Block(nnx.Module):
         qkv_dim: int | None = None,
         mlp_dim: int | None = None,
         dropout_rate: float = 0.0,
+        kernel_init=None,
+        attention_bias: bool = True,
+        mlp_bias_init=None,
     ):
         dt = jnp.dtype(cfg.compute_dtype)
         self.cfg, self.attention, self.dropout_rate = cfg, attention, dropout_rate
@@ -101,13 +118,19 @@ class Block(nnx.Module):
         self.qkv_dim = qkv_dim or cfg.d_model
         self.head_dim = self.qkv_dim // cfg.n_head
         mlp_dim = mlp_dim or 4 * cfg.d_model
+        widths = (cfg.n_head * self.head_dim, *(2 * (self.n_kv * self.head_dim,)))
+        init = {} if kernel_init is None else {"kernel_init": kernel_init}
+        qkv_init = (
+            {} if kernel_init is None else {"kernel_init": per_projection(kernel_init, widths)}
+        )
+        mlp_init = init | ({} if mlp_bias_init is None else {"bias_init": mlp_bias_init})
         dense = functools.partial(nnx.Linear, dtype=dt, param_dtype=jnp.float32, rngs=rngs)
         self.ln1 = nnx.LayerNorm(cfg.d_model, dtype=dt, rngs=rngs)
-        self.qkv = dense(cfg.d_model, (cfg.n_head + 2 * self.n_kv) * self.head_dim)
-        self.proj = dense(self.qkv_dim, cfg.d_model)
+        self.qkv = dense(cfg.d_model, sum(widths), use_bias=attention_bias, **qkv_init)
+        self.proj = dense(self.qkv_dim, cfg.d_model, use_bias=attention_bias, **init)
         self.ln2 = nnx.LayerNorm(cfg.d_model, dtype=dt, rngs=rngs)
-        self.fc = dense(cfg.d_model, mlp_dim)
-        self.out = dense(mlp_dim, cfg.d_model)
+        self.fc = dense(cfg.d_model, mlp_dim, **mlp_init)
+        self.out = dense(mlp_dim, cfg.d_model, **mlp_init)
 
     def __call__(self, x, *, dropout_key=None, **attention_kwargs):
         """`attention_kwargs` (lengths, attention dropout) go to the attention function."""

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from models import classifier, jobs, lra, report, train
+from models import classifier, gpt, jobs, lra, report, train
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +102,26 @@ def test_one_hot_embedding_matches_the_lookup():
         err, lookup_err = np.abs(g - ref).max(), np.abs(lookup - ref).max()
         assert np.isfinite(g).all() and err <= 1.25 * lookup_err + 1e-6, (err, lookup_err)
     assert np.abs(np.asarray(grads["embed"]["embedding"])[0]).sum() > 0  # the background row
+
+
+def test_blocks_are_initialised_as_lra_does():
+    """LRA's TransformerBlock: xavier-uniform kernels, q, k and v each as its own layer
+    (var 2 / (d + qkv_dim) per block of the fused kernel), no attention biases, MLP
+    biases normal(1e-6); the GPT's blocks keep nnx.Linear's defaults."""
+    cfg, _ = classifier.PRESETS["listops"]["lra"]
+    cfg = classifier.for_task(cfg, "listops", 64)
+    block = classifier.Classifier(cfg, "xla", rngs=nnx.Rngs(0)).blocks[0]
+    assert block.qkv.bias is None and block.proj.bias is None
+    kernel = np.asarray(block.qkv.kernel[...])
+    d, q = cfg.d_model, cfg.qkv_dim
+    assert kernel.shape == (d, 3 * q)
+    for part in np.split(kernel, 3, axis=1):  # each within 5 % of xavier's variance
+        assert abs(part.var() / (2 / (d + q)) - 1) < 0.05
+    assert abs(np.asarray(block.fc.kernel[...]).var() / (2 / (d + cfg.mlp_dim)) - 1) < 0.05
+    bias = np.asarray(block.fc.bias[...])
+    assert 0 < np.abs(bias).max() < 1e-5
+    gpt_block = gpt.Block(cfg, classifier.ATTENTION["xla"], rngs=nnx.Rngs(0))
+    assert gpt_block.qkv.bias is not None and not np.asarray(gpt_block.fc.bias[...]).any()
 
 
 def test_example_ids_cover_each_epoch_once():
