@@ -308,18 +308,40 @@ def _kernel(
             )  # [block_q, block_kv] each
             return masks.tile_mask(spec, rows, cols, kv_len, diag, segs)
 
-        def body(j, carry, *, masked: bool):
-            acc, m_i, l_i = carry
-            slot = slot_of(j)
-            if not config.early_k_wait:
-                plgpu.barrier_wait(k_ready.at[slot])
-
+        def qk_scores(slot):  # Q K^T of the K tile in `slot` [block_q, block_kv], awaited
             def qk(s_ref):
                 plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
                 take_turn()  # ours are issued: the other consumer may issue its own
                 return s_ref[...]  # waits for this wgmma
 
-            s = pl.run_scoped(qk, plgpu.ACC((block_q, block_kv), jnp.float32))  # q @ k.T
+            return pl.run_scoped(qk, plgpu.ACC((block_q, block_kv), jnp.float32))
+
+        def accumulate_pv(acc, p, slot, after_issue=lambda: None):
+            """acc + P V of the V tile in `slot`. P in registers (an array) accumulates in
+            place; P staged in shared memory (a ref: GPU interpret mode's form) goes into a
+            fresh accumulator that is added. `after_issue` runs while the wgmma does."""
+            if config.p_in_registers:
+
+                def pv(acc_ref):
+                    plgpu.wgmma(acc_ref, p, v_smem.at[slot])
+                    after_issue()
+
+                # run_state awaits the wgmma before returning the accumulator.
+                return pl.run_state(pv)(plgpu.ACC.init(acc))
+
+            def pv_fresh(acc_ref):
+                plgpu.wgmma(acc_ref, p, v_smem.at[slot])
+                after_issue()
+                return acc_ref[...]
+
+            return acc + pl.run_scoped(pv_fresh, plgpu.ACC((block_q, head_dim), jnp.float32))
+
+        def body(j, carry, *, masked: bool):
+            acc, m_i, l_i = carry
+            slot = slot_of(j)
+            if not config.early_k_wait:
+                plgpu.barrier_wait(k_ready.at[slot])
+            s = qk_scores(slot)
             keep = release_k(j, slot, s.shape, masked)
             p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, c, keep)  # p: [block_q, block_kv]
 
@@ -337,27 +359,12 @@ def _kernel(
                 plgpu.barrier_wait(turns)  # our turn: P V, then the next Q K^T
             if not config.rescale_before_turn:
                 acc, p = rescale(acc, p)
-            if config.p_in_registers:
-
-                def pv(acc_ref):
-                    plgpu.wgmma(acc_ref, p, v_smem.at[slot])
-                    if config.early_k_wait:
-                        wait_next_k(j)
-
-                # run_state awaits the wgmma before returning the accumulator.
-                acc = pl.run_state(pv)(plgpu.ACC.init(acc))
-            else:
-                p_ref = p_smem.at[wg]
-                p_ref[...] = p
+            if not config.p_in_registers:
+                p_smem.at[wg][...] = p
                 plgpu.commit_smem()  # make the stores visible to the wgmma's async reads
-
-                def pv(acc_ref):
-                    plgpu.wgmma(acc_ref, p_ref, v_smem.at[slot])
-                    if config.early_k_wait:
-                        wait_next_k(j)
-                    return acc_ref[...]
-
-                acc = acc + pl.run_scoped(pv, plgpu.ACC((block_q, head_dim), jnp.float32))
+                p = p_smem.at[wg]
+            after = (lambda: wait_next_k(j)) if config.early_k_wait else (lambda: None)
+            acc = accumulate_pv(acc, p, slot, after)
             plgpu.barrier_arrive(v_free.at[slot])
             return acc, m_i, l_i
 
@@ -382,13 +389,7 @@ def _kernel(
             acc, m_i, l_i = carry
             slot = slot_of(lo)
             plgpu.barrier_wait(k_ready.at[slot])
-
-            def qk(s_ref):
-                plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
-                take_turn()
-                return s_ref[...]
-
-            s = pl.run_scoped(qk, plgpu.ACC((block_q, block_kv), jnp.float32))
+            s = qk_scores(slot)
             # The first tile may be a full one: masking it is exact, and it is one tile.
             p, m_i, l_i, _ = _online_softmax(s, m_i, l_i, c, release_k(lo, slot, s.shape, True))
             p = keep_p(p, lo)
@@ -453,17 +454,7 @@ def _kernel(
             plgpu.barrier_wait(v_ready.at[slot])
             if turns is not None:
                 plgpu.barrier_wait(turns)
-            if config.p_in_registers:
-                acc = pl.run_state(lambda acc_ref: plgpu.wgmma(acc_ref, p, v_smem.at[slot]))(
-                    plgpu.ACC.init(acc)
-                )
-            else:
-
-                def pv(acc_ref):
-                    plgpu.wgmma(acc_ref, p_buffer(j), v_smem.at[slot])
-                    return acc_ref[...]
-
-                acc = acc + pl.run_scoped(pv, plgpu.ACC((block_q, head_dim), jnp.float32))
+            acc = accumulate_pv(acc, p if config.p_in_registers else p_buffer(j), slot)
             plgpu.barrier_arrive(v_free.at[slot])
             return acc
 
