@@ -55,6 +55,7 @@ import pallas_flash
 from benchmarks import bench, render, suites
 from benchmarks.impls import Impl
 from pallas_flash import configs
+from pallas_flash.mosaic import backward as mosaic_backward
 from pallas_flash.mosaic import config as mosaic_config
 
 FAMILIES = ("triton", "mosaic")
@@ -148,6 +149,17 @@ def mosaic_bwd_candidates(head_dim: int) -> list[configs.MosaicBwdConfig]:
                 out[dataclasses.replace(default, **change)] = None
             except ValueError:  # split_dkv with consumers_dkv=1
                 continue
+    # The fused kernel (one kernel, ordered dQ adds), with the dK/dV fields it can take
+    # at this head dim: those that fit its extra shared memory and registers.
+    hp = mosaic_config.padded_head_dim(head_dim)
+    for values in itertools.product(*MOSAIC_DKV_SPACE.values()):
+        change = dict(zip(MOSAIC_DKV_SPACE, values), split_dkv=False, fused=True)
+        try:
+            config = dataclasses.replace(default, **change)
+            mosaic_backward.check_fits(config, hp)
+        except ValueError:
+            continue
+        out[config] = None
     return list(out)
 
 
@@ -202,6 +214,7 @@ def _axes(c) -> tuple:
             *(t / 64 for t in (c.block_q_dq, c.block_kv_dq)),
             c.num_stages_dq,
             c.consumers_dq,
+            int(c.fused),
         )
     if isinstance(c, configs.TritonConfig):
         tiles = (c.block_q, c.block_kv)
@@ -232,12 +245,15 @@ def smem_bytes(c, head_dim: int, itemsize: int = 2) -> int:
     the backward's is the larger of its two kernels. Triton's layout-conversion scratch
     is left out: a config under the limit may still fail to compile, and is recorded so.
     A Mosaic config gives its own (`smem_bytes`; the backward's larger of
-    `smem_bytes_dkv` and `smem_bytes_dq`) at the head dim padded to a multiple of 64.
+    `smem_bytes_dkv` and `smem_bytes_dq`, or the first alone when fused) at the head dim
+    padded to a multiple of 64.
     """
     if isinstance(c, configs.MosaicConfig):
         return c.smem_bytes(mosaic_config.padded_head_dim(head_dim), itemsize)
     if isinstance(c, configs.MosaicBwdConfig):
         hp = mosaic_config.padded_head_dim(head_dim)
+        if c.fused:  # no dQ kernel
+            return c.smem_bytes_dkv(hp, itemsize)
         return max(c.smem_bytes_dkv(hp, itemsize), c.smem_bytes_dq(hp, itemsize))
     hp = configs.padded_head_dim(head_dim)
     s = c.num_stages

@@ -55,7 +55,7 @@ def flash_attention(
     dropout_rng: jax.Array | None = None,
     logits_soft_cap: float | None = None,
     block_sparse: BlockSparse | None = None,
-    implementation: Literal["triton", "xla_blockwise", "xla"] | None = None,
+    implementation: Literal["mosaic", "triton", "xla_blockwise", "xla"] | None = None,
     return_residual: bool = False,
     config: configs.TritonConfig | configs.MosaicConfig | configs.BlockwiseConfig | None = None,
     backward_config: (
@@ -120,7 +120,8 @@ def flash_attention(
         scaled by 1 / (1 - rate)); fused in the kernels, the mask is never stored.
       dropout_rng: a JAX PRNG key; the same key gives the same mask, in the forward and
         the backward pass alike. Needed when dropout_rate > 0, refused otherwise.
-      implementation: "triton", "xla_blockwise", "xla", or None for the best available.
+      implementation: "mosaic" (Hopper), "triton", "xla_blockwise", "xla", or None for
+        the best available.
       return_residual: also return the logsumexp, [B, T, N] float32 (differentiable).
       config: tile config of the forward pass (`TritonConfig` for "triton",
         `MosaicConfig` for "mosaic", `BlockwiseConfig` for "xla_blockwise"); None picks

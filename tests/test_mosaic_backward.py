@@ -29,6 +29,7 @@ from pallas_flash.mosaic.config import (
     MosaicBwdConfig,
     MosaicConfig,
     default_mosaic_bwd_config,
+    padded_head_dim,
 )
 from tests import test_mosaic
 from tests.cases import Case, packed, tolerance_check
@@ -295,6 +296,117 @@ def test_config_validation():
             )  # fmt: skip
 
 
+# --- the fused kernel: one kernel, dQ added in a fixed order (mosaic/dq_adds.py) ------
+
+# Head dim 128: each of two consumers computes half of the dQ share's columns. Head dim
+# 64 (columns not splittable in 64s): one consumer computing the whole share.
+FUSED = MosaicBwdConfig(fused=True)
+FUSED_ONE = MosaicBwdConfig(fused=True, consumers_dkv=1)
+# Head dim 64 with two consumers: 128-row query tiles, each consumer 64 rows of the share.
+FUSED_ROWS = MosaicBwdConfig(fused=True, block_q_dkv=128)
+
+
+def fused_config(head_dim: int) -> MosaicBwdConfig:
+    """The fused config the GPU tests run at this head dim (64: split by rows)."""
+    return FUSED if padded_head_dim(head_dim) == 128 else FUSED_ROWS
+
+
+FUSED_CASES = [
+    # A GQA group of 2, bottom-right causal with a ragged key length: masked, full and
+    # skipped tiles, several visitors per query tile in both heads.
+    (Case(1, 150, 200, 2, 1, 128, BF16, causal=True, bottom_right=True, kv_lens=(180,)), FUSED),
+    # Ragged lengths: batch 1's keys end at 33 and its rows at 61, so spans past the
+    # keys visit nothing and some query tiles no span visits (their dQ is zero).
+    (Case(2, 100, 90, 1, 1, 64, F16, causal=True, q_lens=(100, 61), kv_lens=(33, 90)), FUSED_ONE),
+    # Packed documents: segment ids narrow each span's query range.
+    (Case(1, 200, 200, 1, 1, 64, BF16, segments=(packed([(60, 140)], 200),) * 2), FUSED_ONE),
+    # Two consumers at head dim 64: each computes 64 of the 128 rows of the share.
+    (Case(1, 260, 190, 2, 2, 64, F16, causal=True), FUSED_ROWS),
+]
+
+
+@pytest.mark.parametrize("case,config", FUSED_CASES, ids=lambda x: getattr(x, "id", None))
+def test_interpret_fused_matches_reference(case, config):
+    _compare(case, config, interpret=True, seed=_seed(case))
+
+
+def _visitor_table(ranges, num_tiles):
+    """(index among the non-empty spans, first, last) by counting over all pairs."""
+    ranges = np.asarray(ranges)
+    B, spans, _ = ranges.shape
+    index = np.zeros((B, spans), np.int32)
+    first = np.zeros((B, num_tiles), np.int32)
+    last = np.full((B, num_tiles), -1, np.int32)
+    for b in range(B):
+        lo, hi = ranges[b, :, 0], ranges[b, :, 3]
+        nonempty = hi > lo
+        index[b] = np.cumsum(nonempty) - nonempty
+        for m in range(num_tiles):
+            visitors = [n for n in range(spans) if lo[n] <= m < hi[n]]
+            if visitors:
+                ranks = index[b, visitors]
+                # The visitors are consecutive among the non-empty spans: the ranks
+                # the kernel derives (index - first) are 0, 1, 2, ...
+                np.testing.assert_array_equal(ranks, ranks[0] + np.arange(len(ranks)))
+                first[b, m], last[b, m] = ranks[0], ranks[-1]
+    return index, first, last
+
+
+ORDER_SPECS = {
+    "full": (masks.MaskSpec(), None),
+    "causal": (masks.MaskSpec(causal=True), None),
+    "causal-br": (masks.MaskSpec(causal=True, bottom_right=True), None),
+    "window": (masks.MaskSpec(local_window=(100, 20)), None),
+    "causal-packed": (
+        masks.MaskSpec(causal=True, segments=True),
+        ((90, 243, 187), (200, 210, 290)),
+    ),
+    "unsorted-ids": (masks.MaskSpec(segments=True), "unsorted"),
+}
+
+
+@pytest.mark.parametrize("spec,segments", ORDER_SPECS.values(), ids=ORDER_SPECS.keys())
+def test_fused_add_order_matches_a_count(spec, segments):
+    """The ranks of the ordered dQ adds (dq_adds.order_tables, computed in XLA from the
+    kernel's query-tile ranges) against a count over every (span, tile) pair, for mask
+    bands, ragged and empty lengths, packed and unsorted segment ids."""
+    from pallas_flash.mosaic import dq_adds
+
+    T, S, bq, keys = 520, 700, 64, 128
+    q_len = jnp.array([520, 300, 0, 520], jnp.int32)
+    kv_len = jnp.array([700, 250, 700, 0], jnp.int32)
+    spans, tiles = -(-S // keys), -(-T // bq)
+    ranges = masks.tile_range_table(masks.q_tile_range, spec, q_len, kv_len, spans, bq, keys, keys)
+    if segments is not None:
+        if segments == "unsorted":
+            rng = np.random.default_rng(0)
+            q_seg, kv_seg = (rng.integers(0, 3, (4, n)) for n in (tiles * bq, spans * keys))
+        else:
+            q_seg = np.array(packed([segments[0]], T) * 4)
+            kv_seg = np.array(packed([segments[1]], S) * 4)
+            q_seg = np.pad(q_seg, [(0, 0), (0, tiles * bq - T)], mode="edge")
+            kv_seg = np.pad(kv_seg, [(0, 0), (0, spans * keys - S)], mode="edge")
+        seg = masks.segment_tile_ranges(jnp.asarray(q_seg), jnp.asarray(kv_seg), bq, keys)[1]
+        ranges = mosaic_backward.intersect_tables(ranges, seg)
+    got = dq_adds.order_tables(ranges, tiles)
+    for g, want in zip(got, _visitor_table(ranges, tiles)):
+        np.testing.assert_array_equal(np.asarray(g), want)
+
+
+def test_fused_config_validation():
+    with pytest.raises(ValueError, match="split_dkv=False"):
+        MosaicBwdConfig(fused=True, split_dkv=True)
+    with pytest.raises(ValueError, match="block_q_dkv a multiple of 128"):
+        FUSED.dq_part(64)  # 32 columns each: not a swizzle's 64
+    assert FUSED.dq_part(128) == (64, 64)
+    assert MosaicBwdConfig(fused=True, block_q_dkv=128).dq_part(64) == (64, 64)  # rows
+    assert FUSED_ONE.dq_part(64) == (64, 64)
+    with pytest.raises(ValueError, match="registers"):  # dK, dV and a 64 x 128 share
+        mosaic_backward.check_fits(MosaicBwdConfig(fused=True, consumers_dkv=1), 128)
+    with pytest.raises(ValueError, match="shared memory"):  # plus the staging buffers
+        mosaic_backward.check_fits(dataclasses.replace(FUSED, operands_in_registers=False), 128)
+
+
 LOWERINGS = {
     "h64-bf16-window": (64, BF16, masks.MaskSpec(local_window=(100, 20))),
     "h128-bf16-causal-br": (128, BF16, masks.MaskSpec(causal=True, bottom_right=True)),
@@ -362,6 +474,44 @@ def test_compiled_kernels_with_segment_ids_lower_for_hopper(head_dim):
     text = traced.lower(lowering_platforms=("cuda",)).as_text()
     for name in ("pallas_flash_mosaic_bwd_dkdv", "pallas_flash_mosaic_bwd_dq"):
         assert name in text
+
+
+FUSED_LOWERINGS = {
+    "h128-regs": (128, FUSED, False),
+    "h128-regs-segments": (128, FUSED, True),
+    "h64-rows-regs": (64, FUSED_ROWS, False),
+    "h64-one-consumer-staged-segments": (
+        64,
+        dataclasses.replace(FUSED_ONE, operands_in_registers=False),
+        True,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "head_dim,config,with_segments", FUSED_LOWERINGS.values(), ids=FUSED_LOWERINGS.keys()
+)
+def test_fused_kernel_lowers_for_hopper(head_dim, config, with_segments):
+    """The fused kernel lowers for sm_90 as the pair does (see above), with what only it
+    has: the fourth warpgroup, the global semaphores and their waits and signals, the
+    TMA reduce-adds and the dS^T / dQ-share exchange; and no dQ kernel is left."""
+    spec = masks.MaskSpec(causal=True, bottom_right=True, segments=with_segments)
+
+    def f(q, k, v, o, lse, do, q_len, kv_len, *segments):
+        return mosaic_backward.backward(
+            q, k, v, o, lse, do, None, q_len, kv_len, segments or None, spec=spec, scale=0.1,
+            config=config,
+        )[:3]  # fmt: skip
+
+    q = jax.ShapeDtypeStruct((2, 300, 4, head_dim), BF16)
+    kv = jax.ShapeDtypeStruct((2, 257, 2, head_dim), BF16)
+    lse = jax.ShapeDtypeStruct((2, 4, 300), jnp.float32)
+    lens = jax.ShapeDtypeStruct((2,), jnp.int32)
+    ids = [jax.ShapeDtypeStruct((2, n), jnp.int32) for n in (300, 257)] if with_segments else []
+    traced = jax.jit(f).trace(q, kv, kv, q, lse, q, lens, lens, *ids)
+    text = traced.lower(lowering_platforms=("cuda",)).as_text()
+    assert "pallas_flash_mosaic_bwd_fused" in text
+    assert "pallas_flash_mosaic_bwd_dq" not in text and "pallas_flash_mosaic_bwd_dkdv" not in text
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
@@ -433,3 +583,33 @@ def test_gpu_never_reads_skipped_tiles():
     poisoned = _backward(case, None, False, q_bad, k, v, o, lse, do_bad, None)
     chex.assert_trees_all_equal(clean, poisoned)
     assert (np.asarray(clean[0][:, :768]) == 0).all()
+
+
+# The fused kernel, compiled: the shared case table at head dims up to 128 (above, the
+# two consumers' accumulators do not fit beside a dQ share), and determinism: its dQ
+# is the only result built across CTAs, in the semaphores' order.
+FUSED_GPU_CASES = [c for c in GPU_CASES if padded_head_dim(c.head_dim) <= 128]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
+def test_gpu_fused_matches_reference(case):
+    _compare(case, fused_config(case.head_dim), interpret=False, seed=_seed(case))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_fused_is_bitwise_deterministic(head_dim):
+    """Ten calls, bitwise-equal gradients: a GQA group of 4, causal, ragged key lengths,
+    16 key spans adding to most query tiles."""
+    case = Case(2, 2048, 2000, 8, 2, head_dim, BF16, causal=True, kv_lens=(2000, 900))
+    (q, k, v, do, dlse), ref, naive = _problem(case, 4, True)
+    o, lse = ref[0].astype(BF16), ref[1]
+    dlse = jnp.where(jnp.isfinite(lse), dlse, 0.0)
+    config = fused_config(head_dim)
+    run = lambda: _backward(case, config, False, q, k, v, o, lse, do, dlse)  # noqa: E731
+    first = run()
+    for name, got, r, n in zip(("dq", "dk", "dv"), first, ref[2:], naive[2:]):
+        tolerance_check(f"fused {case.id} {name}", got, r, n, case.dtype)
+    for _ in range(9):
+        chex.assert_trees_all_equal(first, run())

@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks import render, sweep
 from pallas_flash import configs
+from pallas_flash.mosaic import backward as mosaic_backward
 from pallas_flash.mosaic.config import SMEM_BYTES
 
 KEYS = {
@@ -133,8 +134,23 @@ def test_mosaic_candidates_start_at_the_default_and_it_fits(head_dim):
     assert sum(a != b for a, b in zip(sweep._axes(fwd[1]), sweep._axes(fwd_default))) == 1
 
     default = configs.default_mosaic_bwd_config(head_dim)
-    bwd = sweep.ordered(sweep.candidates("mosaic", "bwd", head_dim), default)
-    assert bwd[0] == default and len(set(bwd)) == len(bwd)
+    every = sweep.ordered(sweep.candidates("mosaic", "bwd", head_dim), default)
+    assert every[0] == default and len(set(every)) == len(every)
+    # The fused kernel's candidates: every dK/dV combination that fits it, none above
+    # head dim 128 (its accumulators do not fit beside a dQ share there).
+    fused = [c for c in every if c.fused]
+    for c in fused:
+        mosaic_backward.check_fits(c, head_dim)
+        assert not c.split_dkv
+        assert all(getattr(c, f) == getattr(default, f) for f in DQ_FIELDS)
+    if head_dim <= 128:
+        assert (
+            dataclasses.replace(default, fused=True, block_q_dkv=64 if head_dim == 128 else 128)
+            in fused
+        )
+    else:
+        assert not fused
+    bwd = [c for c in every if not c.fused]
     changes = []
     for c in bwd:
         changed = {f for f in DKV_FIELDS + DQ_FIELDS if getattr(c, f) != getattr(default, f)}

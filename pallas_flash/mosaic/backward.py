@@ -36,6 +36,16 @@ this design cannot reach cuDNN at long lengths there; what can is one fused kern
 that adds dQ in a fixed order (FA3's deterministic mode orders its atomic adds with
 a semaphore per query tile).
 
+`MosaicBwdConfig.fused` is that kernel: `_dkdv_kernel` also computes each visited query
+tile's dQ share dS K. Each consumer stores its dS^T to shared memory and, once every
+consumer's is in, computes its slice of the share over all the CTA's key tiles (half the
+head-dim columns each, or half the rows where the columns would be narrower than 64);
+a fourth warpgroup adds the slices to a float32 dQ in increasing key span, the order
+held by a global semaphore per query tile (mosaic/dq_adds.py), and XLA scales and casts
+the sum. Fused, each head's query tiles are walked from the last down, so that the
+CTAs of neighbouring spans reach a tile at about the same step and their ordered adds
+do not wait on each other's tails.
+
 Scores are in base 2 (log2(e) folded into the scale) and the logsumexp arrives in base
 2 with +inf on rows that see no key (`logits.backward_stats`), so P = exp2(S c - lse2)
 is exactly 0 there and on padding rows, with no mask: their gradients are 0, never NaN.
@@ -71,8 +81,10 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_flash import masks
 from pallas_flash.logits import LOG2E, Logits, backward_stats
+from pallas_flash.mosaic import dq_adds
 from pallas_flash.mosaic.config import (
     CONSUMER_REGISTERS,
+    FUSED_SIDE_REGISTERS,
     PRODUCER_REGISTERS,
     SMEM_BYTES,
     SWIZZLE,
@@ -161,13 +173,21 @@ def _dkdv_kernel(
     do_ready,
     free,
     done,
+    fused_scratch,
     spec: masks.MaskSpec,
     scale: float,
     config: MosaicBwdConfig,
     group: int,
+    with_segs: bool,
+    interpret: bool,
+    semaphores: tuple[int, ...] | None,
 ):
-    # With segment ids, their [B, T] and [B, S] arrays come before the outputs.
-    q_seg_ref, kv_seg_ref, dk_ref, dv_ref = refs if len(refs) == 4 else (None, None, *refs)
+    # After the nine inputs above: the segment ids ([B, T], [B, S]) when given, the
+    # fused kernel's order tables, then the outputs dK, dV (and the float32 dQ).
+    refs = list(refs)
+    q_seg_ref, kv_seg_ref = (refs.pop(0), refs.pop(0)) if with_segs else (None, None)
+    order_refs = tuple(refs.pop(0) for _ in range(3)) if config.fused else None
+    dk_ref, dv_ref, *dq_acc_ref = refs
     bq, bk, stages = config.block_q_dkv, config.block_kv_dkv, config.num_stages_dkv
     consumers, tiles = config.consumers_dkv, config.key_tiles_dkv
     dtype = q_smem.dtype
@@ -179,12 +199,24 @@ def _dkdv_kernel(
     n = hi - lo  # query tiles per query head of the group
     k0 = span * tiles * bk  # first key of the CTA
 
-    def slot_of(g, i):  # the g-th head's query tile i is ring step g * n + i - lo
-        return lax.rem(g * n + i - lo, jnp.int32(stages))
+    # The fused kernel walks each head's query tiles from the last down: every CTA
+    # of a key/value head then reaches a query tile after as many steps as the CTAs
+    # before it (their ranges end at or before its own), so the ordered dQ adds of
+    # neighbouring CTAs come due together instead of waiting on each other's tails.
+    def step_of(g, i):
+        return g * n + (hi - 1 - i if config.fused else i - lo)
+
+    def each_tile(start, stop, body, carry):
+        """body(i, carry) over query tiles [start, stop), in the walk's order."""
+        if not config.fused:
+            return lax.fori_loop(start, stop, body, carry)
+        return lax.fori_loop(0, stop - start, lambda j, c: body(stop - 1 - j, c), carry)
 
     @pl.when(wg == consumers)
     def _producer():
-        plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+        plgpu.set_max_registers(
+            FUSED_SIDE_REGISTERS if config.fused else PRODUCER_REGISTERS, action="decrease"
+        )
         for t in range(tiles):
             keys = (b, pl.ds(k0 + t * bk, bk), kv_head)
             plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[t], kv_ready)
@@ -196,12 +228,13 @@ def _dkdv_kernel(
             h = kv_head * group + g
 
             def load(i, _):
-                slot = slot_of(g, i)
+                step = step_of(g, i)
+                slot = lax.rem(step, jnp.int32(stages))
                 rows = pl.ds(i * bq, bq)
 
                 # The slot held the tile `stages` steps back: overwrite it once every
                 # consumer is done with it.
-                @pl.when(g * n + i - lo >= stages)
+                @pl.when(step >= stages)
                 def _():
                     plgpu.barrier_wait(free.at[slot])
 
@@ -216,7 +249,7 @@ def _dkdv_kernel(
                     delta_ref.at[b, h, rows], delta_smem.at[slot], do_ready.at[slot]
                 )
 
-            lax.fori_loop(lo, hi, load, None)
+            each_tile(lo, hi, load, None)
 
         lax.fori_loop(0, group, per_head, None)
 
@@ -229,8 +262,27 @@ def _dkdv_kernel(
         steps = group * n
         lax.fori_loop(jnp.maximum(0, steps - stages), steps, drain, None)
 
+    if config.fused:
+        writer = functools.partial(
+            dq_adds.writer,
+            order_refs,
+            dq_acc_ref[0],
+            fused_scratch,
+            b=b,
+            kv_head=kv_head,
+            span=span,
+            group=group,
+            steps=(lo, hi),
+            block_q=bq,
+            part=config.dq_part(k_smem.shape[-1]),
+            semaphores=semaphores,
+            interpret=interpret,
+        )
+        pl.when(wg == consumers + 1)(writer)
+
     def consumer(w, does_dv: bool, does_dk: bool):
-        """Warpgroup `w` (static or traced) accumulates dV and/or dK of its key tile."""
+        """Warpgroup `w` (static or traced) accumulates dV and/or dK of its key tile
+        (and, fused, its slice of each query tile's dQ share)."""
         plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
         t = 0 if config.split_dkv else w
         kw0 = k0 + t * bk  # the warpgroup's first key
@@ -243,7 +295,8 @@ def _dkdv_kernel(
         shape = (bk, bq)  # S^T and its kin: keys on the rows, queries on the columns
 
         def body(i, carry, *, g, masked: bool):
-            slot = slot_of(g, i)
+            step = step_of(g, i)
+            slot = lax.rem(step, jnp.int32(stages))
             q_tile, do_tile = q_smem.at[slot], do_smem.at[slot]
             plgpu.barrier_wait(q_ready.at[slot])
             plgpu.barrier_wait(do_ready.at[slot])  # every consumer sees every phase
@@ -273,19 +326,18 @@ def _dkdv_kernel(
                 delta = plgpu.load(delta_smem.at[slot], layout=_COL)  # [bq]
                 ds_t = p_t * (products[1] - _bcast(delta, shape, 1))  # [bk, bq]
                 terms.append((carry[-1], ds_t.astype(dtype), q_tile))  # dk += ds^T @ q: [bk, hp]
+                if config.fused:  # the other consumers' dQ slices read this tile's dS^T
+                    dq_adds.share_ds(fused_scratch, step, w, ds_t.astype(dtype))
             carry = tuple(_accumulate(terms, staging))
             plgpu.barrier_arrive(free.at[slot])
+            if config.fused:
+                dq_adds.dq_share(fused_scratch, step, w, k_smem, config.dq_part(k_tile.shape[-1]))
             return carry
 
         def per_head(g, carry):
-            for start, stop, masked in (
-                (lo, full_lo, True),
-                (full_lo, full_hi, False),
-                (full_hi, hi, True),
-            ):
-                carry = lax.fori_loop(
-                    start, stop, functools.partial(body, g=g, masked=masked), carry
-                )
+            segments = ((lo, full_lo, True), (full_lo, full_hi, False), (full_hi, hi, True))
+            for start, stop, masked in segments[:: -1 if config.fused else 1]:
+                carry = each_tile(start, stop, functools.partial(body, g=g, masked=masked), carry)
             return carry
 
         zeros = plgpu.layout_cast(
@@ -298,6 +350,8 @@ def _dkdv_kernel(
         if config.split_dkv:  # K and V are read by both warpgroups until both are done
             plgpu.barrier_arrive(done)
             plgpu.barrier_wait(done)
+        if config.fused:  # the other consumers' last dQ slices read this K tile
+            dq_adds.consumers_done(fused_scratch, group * n)
         outs = []
         if does_dv:
             outs.append((v_tile, accs[0], dv_ref))
@@ -313,6 +367,9 @@ def _dkdv_kernel(
     if config.split_dkv:
         pl.when(wg == 0)(functools.partial(consumer, 0, True, False))
         pl.when(wg == 1)(functools.partial(consumer, 1, False, True))
+    elif config.fused:  # static warpgroup indices: each slices K and dS^T at its own offset
+        for w in range(consumers):
+            pl.when(wg == w)(functools.partial(consumer, w, True, True))
     else:
         pl.when(wg < consumers)(functools.partial(consumer, wg, True, True))
 
@@ -445,13 +502,13 @@ def _dq_kernel(
         plgpu.wait_smem_to_gmem(0)
 
 
-def _check_fits(config: MosaicBwdConfig, hp: int):
+def check_fits(config: MosaicBwdConfig, hp: int):
     """ValueError unless both kernels fit in shared memory and their accumulators in
     registers at this (padded) head dim."""
-    for kernel, need in (
-        ("dK/dV", config.smem_bytes_dkv(hp)),
-        ("dQ", config.smem_bytes_dq(hp)),
-    ):
+    kernels = [("dK/dV", config.smem_bytes_dkv(hp))]
+    if not config.fused:  # fused, there is no dQ kernel
+        kernels.append(("dQ", config.smem_bytes_dq(hp)))
+    for kernel, need in kernels:
         if need > SMEM_BYTES:
             raise ValueError(
                 f"{config} needs {need} bytes of shared memory in its {kernel} kernel at "
@@ -466,7 +523,15 @@ def _check_fits(config: MosaicBwdConfig, hp: int):
             f"{config.block_kv_dkv=} x head dim {hp} is too large for a warpgroup's dK and "
             "dV accumulators: use split_dkv=True or block_kv_dkv=64"
         )
-    if config.block_q_dq * hp > 128 * 128:
+    if config.fused:
+        rows, cols = config.dq_part(hp)
+        # dK, dV and the dQ share; S^T, dP^T and their casts take the rest.
+        if 2 * config.block_kv_dkv * hp + rows * cols > 160 * 128:
+            raise ValueError(
+                f"{config.block_kv_dkv=} and a dQ share of {rows} x {cols} at head dim {hp} "
+                "are too large for a warpgroup's registers: lower block_kv_dkv or block_q_dkv"
+            )
+    elif config.block_q_dq * hp > 128 * 128:
         raise ValueError(
             f"{config.block_q_dq=} x head dim {hp} is too large for a warpgroup's dQ "
             "accumulator: use block_q_dq=64"
@@ -522,12 +587,12 @@ def backward(
         reason = "block_sparse not supported by the Mosaic kernel yet"
     if reason is not None:
         raise NotImplementedError(reason)
+    hp = padded_head_dim(H)
+    check_fits(config, hp)  # as compiled, also when interpreted
     if interpret is True:
         interpret = plgpu.InterpretGPUParams()
     if interpret is not False:  # the interpreter's wgmma reads shared memory only
         config = dataclasses.replace(config, operands_in_registers=False)
-    hp = padded_head_dim(H)
-    _check_fits(config, hp)
 
     # One padded length serves both kernels: whole dK/dV query tiles and dQ CTAs, whole
     # dK/dV CTAs and dQ key tiles.
@@ -535,6 +600,8 @@ def backward(
     keys_dkv = config.key_tiles_dkv * config.block_kv_dkv
     t_step = math.lcm(config.block_q_dkv, rows_dq)
     s_step = math.lcm(keys_dkv, config.block_kv_dq)
+    if config.fused:  # one kernel
+        t_step, s_step = config.block_q_dkv, keys_dkv
     t_pad, s_pad = -(-T // t_step) * t_step, -(-S // s_step) * s_step
     lse2, delta = backward_stats(o, do, lse, dlse)  # [B, N, T] each
     pad = [(0, 0), (0, 0), (0, t_pad - T)]
@@ -571,12 +638,28 @@ def backward(
     )
     if with_segs:
         ranges = intersect_tables(ranges, masks.segment_tile_ranges(q_seg, kv_seg, bq, keys_dkv)[1])
-    dk, dv = plgpu.kernel(
-        functools.partial(_dkdv_kernel, spec=spec, scale=scale, config=config, group=N // K),
-        out_type=(
-            jax.ShapeDtypeStruct((B, s_pad, K, hp), k.dtype),
-            jax.ShapeDtypeStruct((B, s_pad, K, hp), v.dtype),
+    fused = config.fused
+    num_q_tiles = t_pad // bq
+    order = dq_adds.order_tables(ranges, num_q_tiles) if fused else ()
+    out_type = [
+        jax.ShapeDtypeStruct((B, s_pad, K, hp), k.dtype),
+        jax.ShapeDtypeStruct((B, s_pad, K, hp), v.dtype),
+    ]
+    if fused:  # the float32 dQ the ordered adds build
+        out_type.append(jax.ShapeDtypeStruct((B, t_pad, N, hp), jnp.float32))
+    interpreted = interpret is not False
+    outs = plgpu.kernel(
+        functools.partial(
+            _dkdv_kernel,
+            spec=spec,
+            scale=scale,
+            config=config,
+            group=N // K,
+            with_segs=with_segs,
+            interpret=interpreted,
+            semaphores=(B, N, num_q_tiles) if fused else None,
         ),
+        out_type=tuple(out_type),
         scratch_types=dict(
             k_smem=tile(tiles, bk, hp),
             v_smem=tile(tiles, bk, hp),
@@ -593,13 +676,24 @@ def backward(
             do_ready=plgpu.Barrier(num_arrivals=2, num_barriers=stages),  # dO and D
             free=plgpu.Barrier(num_arrivals=c_dkv, num_barriers=stages),
             done=plgpu.Barrier(num_arrivals=2) if config.split_dkv else None,
+            fused_scratch=(
+                dq_adds.scratch(config, hp, q.dtype, transforms, interpreted) if fused else None
+            ),
         ),
         grid=(K, num_spans, B),
         grid_names=("heads", "kv_tiles", "batch"),
-        num_threads=c_dkv + 1,
-        kernel_name="pallas_flash_mosaic_bwd_dkdv",
+        # The fused kernel's fourth warpgroup adds the dQ shares (dq_adds.writer).
+        num_threads=c_dkv + 1 + fused,
+        kernel_name="pallas_flash_mosaic_bwd_fused" if fused else "pallas_flash_mosaic_bwd_dkdv",
         **params,
-    )(q_len, kv_len, ranges, *inputs)
+    )(q_len, kv_len, ranges, *inputs, *order)
+    dk, dv = outs[:2]
+    if fused:
+        _, first, last = order
+        rows = dq_adds.visited_rows(first, last, bq, T)[:, :, None, None]
+        # dS was of the scaled scores; rows no CTA visited were never written.
+        dq = jnp.where(rows, outs[2][:, :T, :, :H] * scale, 0.0).astype(q.dtype)
+        return dq, dk[:, :S, :, :H], dv[:, :S, :, :H], None
 
     # dQ: one CTA per (query head, consumers * block_q rows, batch).
     bq, bk, stages = config.block_q_dq, config.block_kv_dq, config.num_stages_dq

@@ -51,6 +51,16 @@ key tile and split the work, one accumulating dV and the other dK (FA3 splits th
 dim between warpgroups instead and trades P and dS through shared memory). dQ at head
 dim 256 keeps Q and dO of two warpgroups (128 KiB) plus a two-stage K/V ring (128 KiB)
 over the 227 KiB budget, hence one warpgroup there.
+
+The fused backward (`fused=True`, off by default: not yet run compiled) adds to the
+dK/dV kernel one dS^T buffer (consumers x block_kv x block_q, 16 KiB at 2 x 64 x 64) and
+two float32 dQ-share slots (2 x block_q x head dim x 4, 64 KiB at 64 x 128): at head
+dim 128, 2 x 64-key tiles and 64-row query tiles with a two-stage ring, 217,208 bytes
+by `smem_bytes_dkv` of the 232,448 (a second dS^T buffer would need 233,592). Each
+consumer then holds dK, dV (128 registers at head dim 128) and a 64 x 64 share slice
+(32) beside S^T and dP^T (32 each). At head dim 64 the share's 32-column halves would
+cut the 128-byte swizzle, so there the consumers split its rows, which needs 128-row
+query tiles (`block_q_dkv=128`). Above 128 the accumulators do not fit beside a share.
 """
 
 from __future__ import annotations
@@ -66,6 +76,9 @@ NUM_CONSUMERS = 2
 # the register file of one SM.
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
+# The fused backward adds a fourth warpgroup (dq_adds.writer): the producer and it
+# keep 24 each, 2 * 128 * 24 + 256 * 232 = 65536.
+FUSED_SIDE_REGISTERS = 24
 SWIZZLE = 128  # bytes: the widest shared-memory swizzle, for conflict-free wgmma reads
 # What Mosaic GPU adds: scratch for cross-warp reductions (CompilerParams'
 # reduction_scratch_bytes) and alignment (the estimate below is then within 1 KiB
@@ -148,6 +161,12 @@ class MosaicBwdConfig:
     operands_in_registers: P^T, dS^T and dS enter their wgmma from registers, in place
       on the accumulators (FA3's choice); False stages them through shared memory into
       fresh accumulators, the only form GPU interpret mode can run.
+    fused: one kernel, no dQ kernel (FA3's five matmuls where the pair does seven): the
+      dK/dV kernel also computes each query tile's dQ share dS K and adds it to a
+      float32 dQ in a fixed order (a semaphore per query tile); the dQ fields are then
+      unused. Each consumer computes its slice of the share (head-dim columns, or rows
+      when the columns would be narrower than 64) over the CTA's keys. Unmeasured on the
+      GPU so far, hence off by default.
     """
 
     block_q_dkv: int = 64
@@ -160,6 +179,7 @@ class MosaicBwdConfig:
     num_stages_dq: int = 2
     consumers_dq: int = 2
     operands_in_registers: bool = True
+    fused: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
@@ -174,6 +194,22 @@ class MosaicBwdConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be 1 or 2")
         if self.split_dkv and self.consumers_dkv != 2:
             raise ValueError(f"split_dkv needs consumers_dkv=2, not {self.consumers_dkv}")
+        if self.fused and self.split_dkv:
+            raise ValueError("fused needs split_dkv=False: each consumer owns a key tile")
+
+    def dq_part(self, head_dim: int) -> tuple[int, int]:
+        """(rows, columns) of the fused dQ share one consumer computes: the head-dim
+        columns split between the consumers where each slice stays a multiple of 64
+        (the 128-byte swizzle of K's tiles), else the query rows (wgmma's M is 64)."""
+        c, bq = self.consumers_dkv, self.block_q_dkv
+        if head_dim % (64 * c) == 0:
+            return bq, head_dim // c
+        if bq % (64 * c) == 0:
+            return bq // c, head_dim
+        raise ValueError(
+            f"fused at head dim {head_dim} with {c} consumers needs block_q_dkv a multiple "
+            f"of {64 * c}, not {bq}"
+        )
 
     @property
     def key_tiles_dkv(self) -> int:
@@ -188,6 +224,10 @@ class MosaicBwdConfig:
         ring = stages * (2 * bq * head_dim * itemsize + 2 * bq * 4)
         staged = 0 if self.operands_in_registers else self.consumers_dkv * bk * bq * itemsize
         barriers = 8 * (3 * stages + 2)
+        if self.fused:  # the dS^T tiles, and two steps of float32 dQ shares
+            c = self.consumers_dkv
+            staged += c * bk * bq * itemsize + 2 * bq * head_dim * 4
+            barriers += 8 * 7
         return kv + ring + staged + barriers + _MOSAIC_OVERHEAD
 
     def smem_bytes_dq(self, head_dim: int, itemsize: int = 2) -> int:

@@ -1,0 +1,270 @@
+"""Ordered dQ adds of the fused Mosaic backward (`MosaicBwdConfig.fused`, backward.py).
+
+In the fused kernel each dK/dV CTA (one key span) also computes, for every query tile
+it visits, that tile's dQ share dS K over its own keys. A query tile's shares come from
+several CTAs, and float32 addition is not associative, so they are added to the float32
+dQ in one fixed order, increasing key span, and the gradients stay bitwise
+deterministic (FA3 adds them with atomics in whatever order the CTAs arrive; its
+deterministic mode orders them the same way, with a semaphore per query tile).
+
+The protocol, per (batch, query head, query tile), one global semaphore starting at 0
+that counts the shares added: the visitor of rank r (its place among the tile's
+visitors, from `order_tables`) waits until the semaphore reads r, adds its share with a
+TMA reduce-add (rank 0 stores instead, so dQ needs no zeroing; tiles nobody visits are
+zeroed in XLA), waits for the add to land in global memory, and adds 1 (Mosaic GPU
+signals constants only). The last visitor's wait takes the count back to 0 and it
+signals nothing, so the semaphores end as they started (Pallas zeroes them per call
+today; this does not rely on it).
+
+Ranks. The visitors of query tile m are the spans whose query range [lo, hi) holds m.
+Those ranges are intervals monotone in the span (mask bands and lengths, intersected
+with the ranges of sorted segment ids; unsorted ids give every span every tile), so a
+tile's visitors are consecutive among the spans with a non-empty range, and
+rank = (non-empty spans before this one) - (non-empty spans before the first visitor).
+tests/test_mosaic_backward.py checks the tables against a count over all span pairs.
+
+Deadlock freedom: a CTA waits only on CTAs of lower span index of its own head and
+batch, which have a lower linear CTA index and so are launched no later (CUDA starts a
+grid's CTAs in increasing linear index); the lowest unfinished CTA never waits.
+
+Roles in the CTA: each consumer stores its tile's dS^T (bf16/fp16) to shared memory,
+and after a barrier computes its slice of the share (head-dim columns, or rows,
+`MosaicBwdConfig.dq_part`) over all the CTA's key tiles, then hands it over through
+one of two float32 slots to a fourth warpgroup, the writer, which does the waiting and
+the adds: the consumers never stall on another CTA, only on a slot the writer has not
+emptied yet. (One dS^T buffer, two share slots: at head dim 128 that is what fits in
+227 KiB beside K, V and the two-stage Q/dO ring; the consumers run in step, so the
+buffer is free again long before it is needed.)
+
+GPU interpret mode has neither global semaphores nor TMA reductions, but runs the CTAs
+one after another in grid order, which visits the spans of a head in increasing order:
+there the writer reads the running dQ, adds its share and stores it, the same float32
+additions in the same order.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_flash.mosaic.config import FUSED_SIDE_REGISTERS, SWIZZLE, MosaicBwdConfig
+
+SLOTS = 2  # dQ shares in flight per consumer (dS^T tiles: one)
+
+
+def order_tables(ranges, num_tiles: int):
+    """The ranks of the ordered adds, from the dK/dV kernel's [B, spans, 4] query-tile
+    ranges: (index of each span among the non-empty ones [B, spans], and for each query
+    tile that index of its first and last visitor [B, num_tiles]; first > last when no
+    span visits the tile). Linear in the lengths; computed in XLA."""
+    lo, hi = ranges[..., 0], ranges[..., 3]
+    nonempty = hi > lo
+    count = nonempty.astype(jnp.int32)
+    index = jnp.cumsum(count, axis=1) - count  # non-empty spans before each span
+    big = jnp.iinfo(jnp.int32).max
+    # Non-decreasing stand-ins that skip the empty spans: the first span whose range
+    # ends past m is the first visitor, the last span whose range starts at or before m
+    # the last (the ranges being monotone in the span).
+    ends = lax.cummax(jnp.where(nonempty, hi, -1), axis=1)
+    starts = lax.cummin(jnp.where(nonempty, lo, big), axis=1, reverse=True)
+    tiles = jnp.arange(num_tiles, dtype=jnp.int32)
+
+    def per_batch(index, ends, starts):
+        first = jnp.searchsorted(ends, tiles, side="right", method="sort")
+        last = jnp.searchsorted(starts, tiles, side="right", method="sort") - 1
+        visited = first <= last
+        spans = index.shape[0]
+        first_i = jnp.where(visited, index[jnp.clip(first, 0, spans - 1)], 0)
+        last_i = jnp.where(visited, index[jnp.clip(last, 0, spans - 1)], -1)
+        return first_i, last_i
+
+    first, last = jax.vmap(per_batch)(index, ends, starts)
+    return index.astype(jnp.int32), first.astype(jnp.int32), last.astype(jnp.int32)
+
+
+def visited_rows(first, last, block_q: int, seq_q: int):
+    """[B, seq_q] bool: rows of the query tiles some span visited (the others' dQ was
+    never written)."""
+    return jnp.repeat(last >= first, block_q, axis=1)[:, :seq_q]
+
+
+def scratch(config: MosaicBwdConfig, head_dim: int, dtype, transforms, interpret: bool):
+    """Shared memory and barriers of the fused kernel's dQ path."""
+    c, bq, bk = config.consumers_dkv, config.block_q_dkv, config.block_kv_dkv
+    rows, cols = config.dq_part(head_dim)
+    f32 = (plgpu.TilingTransform((8, SWIZZLE // 4)), plgpu.SwizzleTransform(SWIZZLE))
+    out = dict(
+        ds=plgpu.SMEM((c, bk, bq), dtype, transforms=transforms),
+        share=plgpu.SMEM((SLOTS, c, rows, cols), jnp.float32, transforms=f32),
+        ds_ready=plgpu.Barrier(num_arrivals=c),
+        ds_free=plgpu.Barrier(num_arrivals=c),
+        share_ready=plgpu.Barrier(num_arrivals=c, num_barriers=SLOTS),
+        share_free=plgpu.Barrier(num_barriers=SLOTS),
+        done=plgpu.Barrier(num_arrivals=c),
+    )
+    if interpret:  # the running dQ, read back for the add
+        out["old"] = plgpu.SMEM((c, rows, cols), jnp.float32, transforms=f32)
+        out["old_ready"] = plgpu.Barrier(num_arrivals=c)
+    return out
+
+
+def share_ds(s, step, w: int, ds_t):
+    """Consumer `w` publishes its dS^T tile [block_kv, block_q] of this step, once
+    every consumer's dQ slice of the last step has read the buffer."""
+
+    @pl.when(step > 0)
+    def _():
+        plgpu.barrier_wait(s["ds_free"])
+
+    s["ds"].at[w][...] = ds_t
+    plgpu.commit_smem()  # visible to the wgmma's async reads, here and in the others
+    plgpu.barrier_arrive(s["ds_ready"])
+
+
+def dq_share(s, step, w: int, k_smem, part: tuple[int, int]):
+    """Consumer `w`'s slice of this step's dQ share, dS @ K over every key tile of the
+    CTA, handed to the writer (unscaled; backward.py scales the sum)."""
+    rows, cols = part
+    slot = lax.rem(step, jnp.int32(SLOTS))
+    plgpu.barrier_wait(s["ds_ready"])  # every consumer's dS^T is in
+    pairs = []
+    for t in range(s["ds"].shape[0]):
+        ds_t, k_t = s["ds"].at[t], k_smem.at[t]  # [bk, bq], [bk, hp]
+        if rows < ds_t.shape[1]:
+            ds_t = ds_t.at[:, pl.ds(w * rows, rows)]
+        if cols < k_t.shape[1]:
+            k_t = k_t.at[:, pl.ds(w * cols, cols)]
+        pairs.append((ds_t.transpose((1, 0)), k_t))  # ds @ k: [rows, cols]
+
+    def mma(acc_ref):
+        for a, b in pairs:
+            plgpu.wgmma(acc_ref, a, b)
+        return acc_ref[...]  # awaits the wgmmas
+
+    share = pl.run_scoped(mma, plgpu.ACC((rows, cols), jnp.float32))
+    plgpu.barrier_arrive(s["ds_free"])  # done reading the dS^T tiles
+
+    @pl.when(step >= SLOTS)  # the writer has sent this slot's share of SLOTS steps back
+    def _():
+        plgpu.barrier_wait(s["share_free"].at[slot])
+
+    s["share"].at[slot, w][...] = share
+    plgpu.commit_smem()  # visible to the writer's TMA
+    plgpu.barrier_arrive(s["share_ready"].at[slot])
+
+
+def consumers_done(s, steps):
+    """Every consumer is past its last dQ share (the K tiles may be overwritten), and
+    the writer's last slot releases have been seen."""
+    plgpu.barrier_arrive(s["done"])
+    plgpu.barrier_wait(s["done"])
+
+    @pl.when(steps > 0)  # the last step's release of the dS^T tiles
+    def _():
+        plgpu.barrier_wait(s["ds_free"])
+
+    def drain(step, _):
+        plgpu.barrier_wait(s["share_free"].at[lax.rem(step, jnp.int32(SLOTS))])
+
+    lax.fori_loop(jnp.maximum(0, steps - SLOTS), steps, drain, None)
+
+
+def writer(
+    order_refs,
+    dq_ref,
+    s,
+    *,
+    b,
+    kv_head,
+    span,
+    group: int,
+    steps,
+    block_q: int,
+    part: tuple[int, int],
+    semaphores: tuple[int, ...],
+    interpret: bool,
+):
+    """The fourth warpgroup: adds each step's shares to dQ [B, T, N, H] (float32) in
+    the order of the module doc. `steps` is the CTA's query-tile range (lo, hi), walked
+    from hi - 1 down for each head of the group, as the consumers do."""
+    plgpu.set_max_registers(FUSED_SIDE_REGISTERS, action="decrease")
+    index_ref, first_ref, last_ref = order_refs
+    lo, hi = steps
+    n = hi - lo
+    rows, cols = part
+    c = s["share"].shape[1]
+    own = index_ref[b, span]
+    sems = None if interpret else pl.get_global(plgpu.SemaphoreType.REGULAR(semaphores))
+
+    def windows(h, i):  # consumer w's slice of query tile i of head h in dQ
+        out = []
+        for w in range(c):
+            r0 = i * block_q + (w * rows if rows < block_q else 0)
+            c0 = w * cols if c > 1 and rows == block_q else 0
+            out.append(dq_ref.at[b, pl.ds(r0, rows), h, pl.ds(c0, cols)])
+        return out
+
+    def per_head(g, _):
+        h = kv_head * group + g
+
+        def add(j, _):
+            i = hi - 1 - j  # the query tile of this step
+            slot = lax.rem(g * n + j, jnp.int32(SLOTS))
+            shares = [s["share"].at[slot, w] for w in range(c)]
+            rank = own - first_ref[b, i]
+            plgpu.barrier_wait(s["share_ready"].at[slot])
+            dsts = windows(h, i)
+            if interpret:
+
+                @pl.when(rank > 0)
+                def _():
+                    for w in range(c):
+                        plgpu.copy_gmem_to_smem(dsts[w], s["old"].at[w], s["old_ready"])
+                    plgpu.barrier_wait(s["old_ready"])
+                    for w in range(c):
+                        shares[w][...] = s["old"].at[w][...] + shares[w][...]
+                    plgpu.commit_smem()
+
+                for w in range(c):
+                    plgpu.copy_smem_to_gmem(shares[w], dsts[w])
+            else:
+                sem = sems.at[b, h, i]
+                is_last = own == last_ref[b, i]
+
+                @pl.when((rank > 0) & ~is_last)
+                def _():
+                    pl.semaphore_wait(sem, rank, decrement=False)  # our turn
+
+                @pl.when((rank > 0) & is_last)
+                def _():
+                    pl.semaphore_wait(sem, rank)  # our turn, and the count back to 0
+
+                for w in range(c):
+                    plgpu.copy_smem_to_gmem(
+                        shares[w], dsts[w], predicate=rank == 0, commit_group=False
+                    )
+                    plgpu.copy_smem_to_gmem(
+                        shares[w],
+                        dsts[w],
+                        predicate=rank > 0,
+                        commit_group=False,
+                        reduction_op="add",
+                    )
+                plgpu.commit_smem_to_gmem_group()
+            # Landed in global memory (not only read out of the slot) before the next
+            # CTA's turn.
+            plgpu.wait_smem_to_gmem(0, wait_read_only=False)
+            if not interpret:
+
+                @pl.when(~is_last)
+                def _():
+                    plgpu.semaphore_signal(sem, 1, memory_scope="gpu")  # the next one's turn
+
+            plgpu.barrier_arrive(s["share_free"].at[slot])
+
+        lax.fori_loop(0, n, add, None)
+
+    lax.fori_loop(0, group, per_head, None)
