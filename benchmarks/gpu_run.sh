@@ -13,6 +13,15 @@ if [ ! -e "$site/.installed" ]; then
 fi
 export PYTHONPATH=$site:$PWD/.peers/stub:$PWD PYTHONUNBUFFERED=1
 run_id="$(date +%Y%m%d-%H%M%S)-$commit"
+# lra_train NAME MINUTES STEPS TASK [FLAGS...]: the task's LRA preset for MINUTES at most
+# (STEPS, or the preset's when empty), tested at the end; log and metrics to $OUT/NAME.*.
+lra_train() {
+  local name=$1 minutes=$2 steps=$3 task=$4; shift 4
+  timeout $((minutes * 60 + 120)) python3 -m models.train --task "$task" --preset lra \
+    --max-minutes "$minutes" ${steps:+--steps "$steps"} "$@" --out "runs/$name" \
+    2>&1 | tr '\r' '\n' | grep -v '^\[' > "$OUT/$name.log"
+  tail -4 "$OUT/$name.log"; cp "runs/$name/metrics.jsonl" "$OUT/$name.jsonl"
+}
 for step in "$@"; do
   [ "${step#gpu1:}" != "$step" ] && step=${step//+/ }  # gpu1:A+B: the child runs A then B
   echo "== $step $(date +%T)"
@@ -133,10 +142,26 @@ for step in "$@"; do
                steps=$(python3 -m models.report --fit-steps "$minutes" "runs/$name-probe")
                echo "lra $task: $steps steps fit $minutes minutes" | tee "$OUT/$name-steps.log"
              fi
-             timeout $((minutes * 60 + 120)) python3 -m models.train --task "$task" --preset lra \
-               --max-minutes "$minutes" ${steps:+--steps "$steps"} "${flags[@]}" --out "runs/$name" \
-               2>&1 | tr '\r' '\n' | grep -v '^\[' > "$OUT/$name.log"
-             tail -4 "$OUT/$name.log"; cp "runs/$name/metrics.jsonl" "$OUT/$name.jsonl" ;;
+             lra_train "$name" "$minutes" "$steps" "$task" "${flags[@]}" ;;
+    # lra-seeds:TASK:MINUTES:N[:FLAG=VALUE,...]: N runs of the LRA preset at once on this
+    # GPU, seeds 0..N-1 (initialisation, dropout and batch order), each with 0.9/N of its
+    # memory: the spread between seeds for the price of one call (ListOps' batch-32 steps
+    # leave an H200 mostly idle). Runs are named TASK[-FLAGVALUE...]-seedS.
+    lra-seeds:*) spec=${step#lra-seeds:}; task=${spec%%:*}; spec=${spec#*:}
+             minutes=${spec%%:*}; spec=${spec#*:}; n=${spec%%:*}
+             rest=; [ "$spec" != "$n" ] && rest=${spec#*:}
+             flags=(); name=$task
+             for kv in ${rest//,/ }; do
+               flags+=("--${kv%%=*}" "${kv#*=}"); name+="-${kv%%=*}${kv#*=}"
+             done
+             python3 -m models.data prepare "$task" > "$OUT/$name-prepare.log" 2>&1
+             fraction=$(awk "BEGIN { print 0.9 / $n }"); pids=()
+             for s in $(seq 0 $((n - 1))); do
+               XLA_PYTHON_CLIENT_MEM_FRACTION=$fraction lra_train "$name-seed$s" "$minutes" \
+                 "${LRA_STEPS:-}" "$task" --seed "$s" "${flags[@]}" &
+               pids+=($!)
+             done
+             wait "${pids[@]}" ;;  # these runs only, not a gpu1 child
     # lra-compare:TASK:STEPS[:RUNS]: the task's LRA preset for STEPS steps with each
     # attention (same seed, same batches), no evaluation, no attention dropout (jax.nn has
     # none), and ours once more with the lookup embedding (flash-gather: --embedding

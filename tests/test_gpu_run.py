@@ -136,3 +136,14 @@ def test_unknown_step_is_reported(gpu_run):
     stdout, calls, _ = gpu_run("no-such-step")
     assert "unknown step no-such-step" in stdout
     assert not [c for c in calls if "pip install" not in c]
+
+
+def test_lra_seeds_build_one_run_per_seed_after_one_prepare(gpu_run):
+    _, calls, _ = gpu_run("lra-seeds:listops:7:3:lr=5e-4")
+    assert sum("-m models.data prepare listops" in c for c in calls) == 1  # once, first
+    assert "prepare" in calls[1] and "pip install" in calls[0]
+    for s in range(3):
+        run = _one(calls, "-m models.train", f"--seed {s} ")
+        assert "--task listops --preset lra --max-minutes 7 " in run
+        assert run.endswith(f"--lr 5e-4 --out runs/listops-lr5e-4-seed{s}")
+    assert sum("-m models.train" in c for c in calls) == 3

@@ -330,6 +330,24 @@ def test_interpret_fused_matches_reference(case, config):
     _compare(case, config, interpret=True, seed=_seed(case))
 
 
+def test_interpret_fused_finds_no_data_race(capsys):
+    """The race detector (as test_interpret_finds_no_data_race) over the fused kernel's
+    own buffers too: the one dS^T buffer both consumers read and the two share slots
+    the writer empties. It does flag the interpreted writer's read-add-store of dQ in
+    global memory, and only that: between CTAs it is ordered by the interpreter running
+    them one by one, where the compiled kernel has its semaphores, which the interpreter
+    lacks (dq_adds' module doc)."""
+    from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks  # no public accessor
+
+    params = plgpu.InterpretGPUParams(detect_races=True)
+    case = Case(1, 200, 190, 1, 1, 128, BF16, causal=True)
+    _compare(case, FUSED, interpret=params, with_dlse=False)
+    races = capsys.readouterr().out.split("RACE DETECTED")[1:]
+    assert bool(races) == gpu_callbacks.get_races().races_found
+    for race in races:  # both sides are the interpreted writer's dQ accesses
+        assert race.count("dq_adds.py") == 2 and race.count("(writer.") == 2, race
+
+
 def _visitor_table(ranges, num_tiles):
     """(index among the non-empty spans, first, last) by counting over all pairs."""
     ranges = np.asarray(ranges)

@@ -324,10 +324,10 @@ def _dkdv_kernel(
                 terms.append((carry[0], p_t.astype(dtype), do_tile))  # dv += p^T @ do: [bk, hp]
             if does_dk:
                 delta = plgpu.load(delta_smem.at[slot], layout=_COL)  # [bq]
-                ds_t = p_t * (products[1] - _bcast(delta, shape, 1))  # [bk, bq]
-                terms.append((carry[-1], ds_t.astype(dtype), q_tile))  # dk += ds^T @ q: [bk, hp]
+                ds_t = (p_t * (products[1] - _bcast(delta, shape, 1))).astype(dtype)  # [bk, bq]
+                terms.append((carry[-1], ds_t, q_tile))  # dk += ds^T @ q: [bk, hp]
                 if config.fused:  # the other consumers' dQ slices read this tile's dS^T
-                    dq_adds.share_ds(fused_scratch, step, w, ds_t.astype(dtype))
+                    dq_adds.share_ds(fused_scratch, step, w, ds_t)
             carry = tuple(_accumulate(terms, staging))
             plgpu.barrier_arrive(free.at[slot])
             if config.fused:

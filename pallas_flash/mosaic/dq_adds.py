@@ -11,10 +11,11 @@ The protocol, per (batch, query head, query tile), one global semaphore starting
 that counts the shares added: the visitor of rank r (its place among the tile's
 visitors, from `order_tables`) waits until the semaphore reads r, adds its share with a
 TMA reduce-add (rank 0 stores instead, so dQ needs no zeroing; tiles nobody visits are
-zeroed in XLA), waits for the add to land in global memory, and adds 1 (Mosaic GPU
-signals constants only). The last visitor's wait takes the count back to 0 and it
-signals nothing, so the semaphores end as they started (Pallas zeroes them per call
-today; this does not rely on it).
+zeroed in XLA), and once the add has landed in global memory adds 1 (Mosaic GPU signals
+constants only). The writer awaits that landing one step late, after issuing the next
+tile's adds, so that the round trip to L2 is not on every step's path. The last
+visitor's wait takes the count back to 0 and it signals nothing, so the semaphores end
+as they started (Pallas zeroes them per call today; this does not rely on it).
 
 Ranks. The visitors of query tile m are the spans whose query range [lo, hi) holds m.
 Those ranges are intervals monotone in the span (mask bands and lengths, intersected
@@ -189,7 +190,8 @@ def writer(
 ):
     """The fourth warpgroup: adds each step's shares to dQ [B, T, N, H] (float32) in
     the order of the module doc. `steps` is the CTA's query-tile range (lo, hi), walked
-    from hi - 1 down for each head of the group, as the consumers do."""
+    from hi - 1 down for each head of the group, as the consumers do. A slot is freed
+    as soon as its TMA has read it; the turn is handed over once the adds have landed."""
     plgpu.set_max_registers(FUSED_SIDE_REGISTERS, action="decrease")
     index_ref, first_ref, last_ref = order_refs
     lo, hi = steps
@@ -207,64 +209,74 @@ def writer(
             out.append(dq_ref.at[b, pl.ds(r0, rows), h, pl.ds(c0, cols)])
         return out
 
-    def per_head(g, _):
-        h = kv_head * group + g
+    total = group * n  # steps: each head's query tiles, from hi - 1 down
 
-        def add(j, _):
-            i = hi - 1 - j  # the query tile of this step
-            slot = lax.rem(g * n + j, jnp.int32(SLOTS))
-            shares = [s["share"].at[slot, w] for w in range(c)]
-            rank = own - first_ref[b, i]
-            plgpu.barrier_wait(s["share_ready"].at[slot])
-            dsts = windows(h, i)
-            if interpret:
+    def tile_of(step):  # (query head, query tile) of a step (only called when n > 0)
+        g, j = lax.div(step, n), lax.rem(step, n)
+        return kv_head * group + g, hi - 1 - j
 
-                @pl.when(rank > 0)
-                def _():
-                    for w in range(c):
-                        plgpu.copy_gmem_to_smem(dsts[w], s["old"].at[w], s["old_ready"])
-                    plgpu.barrier_wait(s["old_ready"])
-                    for w in range(c):
-                        shares[w][...] = s["old"].at[w][...] + shares[w][...]
-                    plgpu.commit_smem()
+    def hand_over(step):
+        """The next visitor's turn at the tile of `step`, whose adds have landed."""
+        h, i = tile_of(step)
 
+        @pl.when(own != last_ref[b, i])
+        def _():
+            plgpu.semaphore_signal(sems.at[b, h, i], 1, memory_scope="gpu")
+
+    def add(step, _):
+        h, i = tile_of(step)
+        slot = lax.rem(step, jnp.int32(SLOTS))
+        shares = [s["share"].at[slot, w] for w in range(c)]
+        rank = own - first_ref[b, i]
+        plgpu.barrier_wait(s["share_ready"].at[slot])
+        dsts = windows(h, i)
+        if interpret:  # read, add, store: the CTAs run one by one, in order
+
+            @pl.when(rank > 0)
+            def _():
                 for w in range(c):
-                    plgpu.copy_smem_to_gmem(shares[w], dsts[w])
-            else:
-                sem = sems.at[b, h, i]
-                is_last = own == last_ref[b, i]
-
-                @pl.when((rank > 0) & ~is_last)
-                def _():
-                    pl.semaphore_wait(sem, rank, decrement=False)  # our turn
-
-                @pl.when((rank > 0) & is_last)
-                def _():
-                    pl.semaphore_wait(sem, rank)  # our turn, and the count back to 0
-
+                    plgpu.copy_gmem_to_smem(dsts[w], s["old"].at[w], s["old_ready"])
+                plgpu.barrier_wait(s["old_ready"])
                 for w in range(c):
-                    plgpu.copy_smem_to_gmem(
-                        shares[w], dsts[w], predicate=rank == 0, commit_group=False
-                    )
-                    plgpu.copy_smem_to_gmem(
-                        shares[w],
-                        dsts[w],
-                        predicate=rank > 0,
-                        commit_group=False,
-                        reduction_op="add",
-                    )
-                plgpu.commit_smem_to_gmem_group()
-            # Landed in global memory (not only read out of the slot) before the next
-            # CTA's turn.
+                    shares[w][...] = s["old"].at[w][...] + shares[w][...]
+                plgpu.commit_smem()
+
+            for w in range(c):
+                plgpu.copy_smem_to_gmem(shares[w], dsts[w])
             plgpu.wait_smem_to_gmem(0, wait_read_only=False)
-            if not interpret:
-
-                @pl.when(~is_last)
-                def _():
-                    plgpu.semaphore_signal(sem, 1, memory_scope="gpu")  # the next one's turn
-
             plgpu.barrier_arrive(s["share_free"].at[slot])
+            return
+        sem = sems.at[b, h, i]
+        is_last = own == last_ref[b, i]
 
-        lax.fori_loop(0, n, add, None)
+        @pl.when((rank > 0) & ~is_last)
+        def _():
+            pl.semaphore_wait(sem, rank, decrement=False)  # our turn
 
-    lax.fori_loop(0, group, per_head, None)
+        @pl.when((rank > 0) & is_last)
+        def _():
+            pl.semaphore_wait(sem, rank)  # our turn, and the count back to 0
+
+        for w in range(c):
+            plgpu.copy_smem_to_gmem(shares[w], dsts[w], predicate=rank == 0, commit_group=False)
+            plgpu.copy_smem_to_gmem(
+                shares[w], dsts[w], predicate=rank > 0, commit_group=False, reduction_op="add"
+            )
+        plgpu.commit_smem_to_gmem_group()
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the slot is read out: free it
+        plgpu.barrier_arrive(s["share_free"].at[slot])
+
+        # The previous step's adds have landed in global memory by now, most likely:
+        # awaiting them only here, one step late, keeps their latency off this step.
+        @pl.when(step > 0)
+        def _():
+            plgpu.wait_smem_to_gmem(1, wait_read_only=False)
+            hand_over(step - 1)
+
+    lax.fori_loop(0, total, add, None)
+    if not interpret:
+
+        @pl.when(total > 0)
+        def _():
+            plgpu.wait_smem_to_gmem(0, wait_read_only=False)
+            hand_over(total - 1)
