@@ -39,3 +39,12 @@ def test_prepare_and_load(tmp_path, task):
     assert len(x) == len(y) == 96
     with pytest.raises(data.MissingData, match="python -m models.data prepare listops"):
         data.load_lra("listops", "train", tmp_path / "nowhere")
+
+
+def test_outer_operator_baseline():
+    """MIN's result is most often 0 and MAX's 9 (over up to 10 arguments, nested), and
+    reading the operator alone beats the 10-class chance of 10 %."""
+    got = lra.outer_operator_baseline(n=150, seed=3)
+    assert got["predict"]["[MIN"] == 0 and got["predict"]["[MAX"] == 9
+    assert 0.2 < got["accuracy"] < 0.5
+    assert abs(sum(got["outermost"].values()) - 1.0) < 1e-9
