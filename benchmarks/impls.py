@@ -49,9 +49,9 @@ def _ours(backend):
 def _ours_mosaic_fused(q, k, v, *, causal, **extra):
     """The Mosaic kernels with the fused backward (one kernel, ordered dQ adds): at head
     dim 128 the two consumers split the dQ share's columns, at 64 (128-row query tiles)
-    its rows; above 128 it does not fit, and the row records the error."""
-    hp = mosaic_config.padded_head_dim(q.shape[-1])
-    bwd = pallas_flash.MosaicBwdConfig(fused=True, block_q_dkv=128 if hp == 64 else 64)
+    its rows (`fused_mosaic_bwd_config`); above 128 it does not fit, and the row records
+    the error."""
+    bwd = mosaic_config.fused_mosaic_bwd_config(q.shape[-1])
     return pallas_flash.flash_attention(
         q, k, v, is_causal=causal, implementation="mosaic", backward_config=bwd, **extra
     )

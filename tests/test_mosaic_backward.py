@@ -29,6 +29,7 @@ from pallas_flash.mosaic.config import (
     MosaicBwdConfig,
     MosaicConfig,
     default_mosaic_bwd_config,
+    fused_mosaic_bwd_config,
     padded_head_dim,
 )
 from tests import test_mosaic
@@ -306,11 +307,6 @@ FUSED_ONE = MosaicBwdConfig(fused=True, consumers_dkv=1)
 FUSED_ROWS = MosaicBwdConfig(fused=True, block_q_dkv=128)
 
 
-def fused_config(head_dim: int) -> MosaicBwdConfig:
-    """The fused config the GPU tests run at this head dim (64: split by rows)."""
-    return FUSED if padded_head_dim(head_dim) == 128 else FUSED_ROWS
-
-
 FUSED_CASES = [
     # A GQA group of 2, bottom-right causal with a ragged key length: masked, full and
     # skipped tiles, several visitors per query tile in both heads.
@@ -419,6 +415,9 @@ def test_fused_config_validation():
     assert FUSED.dq_part(128) == (64, 64)
     assert MosaicBwdConfig(fused=True, block_q_dkv=128).dq_part(64) == (64, 64)  # rows
     assert FUSED_ONE.dq_part(64) == (64, 64)
+    assert fused_mosaic_bwd_config(128) == FUSED and fused_mosaic_bwd_config(64) == FUSED_ROWS
+    with pytest.raises(ValueError, match="above 128"):
+        fused_mosaic_bwd_config(256)
     with pytest.raises(ValueError, match="registers"):  # dK, dV and a 64 x 128 share
         mosaic_backward.check_fits(MosaicBwdConfig(fused=True, consumers_dkv=1), 128)
     with pytest.raises(ValueError, match="shared memory"):  # plus the staging buffers
@@ -612,7 +611,7 @@ FUSED_GPU_CASES = [c for c in GPU_CASES if padded_head_dim(c.head_dim) <= 128]
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
 def test_gpu_fused_matches_reference(case):
-    _compare(case, fused_config(case.head_dim), interpret=False, seed=_seed(case))
+    _compare(case, fused_mosaic_bwd_config(case.head_dim), interpret=False, seed=_seed(case))
 
 
 @pytest.mark.gpu
@@ -624,7 +623,7 @@ def test_gpu_fused_is_bitwise_deterministic(head_dim):
     (q, k, v, do, dlse), ref, naive = _problem(case, 4, True)
     o, lse = ref[0].astype(BF16), ref[1]
     dlse = jnp.where(jnp.isfinite(lse), dlse, 0.0)
-    config = fused_config(head_dim)
+    config = fused_mosaic_bwd_config(head_dim)
     run = lambda: _backward(case, config, False, q, k, v, o, lse, do, dlse)  # noqa: E731
     first = run()
     for name, got, r, n in zip(("dq", "dk", "dv"), first, ref[2:], naive[2:]):

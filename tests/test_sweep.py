@@ -11,7 +11,7 @@ import pytest
 from benchmarks import render, sweep
 from pallas_flash import configs
 from pallas_flash.mosaic import backward as mosaic_backward
-from pallas_flash.mosaic.config import SMEM_BYTES
+from pallas_flash.mosaic.config import SMEM_BYTES, fused_mosaic_bwd_config
 
 KEYS = {
     "run_id",
@@ -144,10 +144,7 @@ def test_mosaic_candidates_start_at_the_default_and_it_fits(head_dim):
         assert not c.split_dkv
         assert all(getattr(c, f) == getattr(default, f) for f in DQ_FIELDS)
     if head_dim <= 128:
-        assert (
-            dataclasses.replace(default, fused=True, block_q_dkv=64 if head_dim == 128 else 128)
-            in fused
-        )
+        assert fused_mosaic_bwd_config(head_dim) in fused
     else:
         assert not fused
     bwd = [c for c in every if not c.fused]

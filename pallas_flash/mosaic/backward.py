@@ -262,6 +262,7 @@ def _dkdv_kernel(
         steps = group * n
         lax.fori_loop(jnp.maximum(0, steps - stages), steps, drain, None)
 
+    part = config.dq_part(k_smem.shape[-1]) if config.fused else None  # a consumer's dQ slice
     if config.fused:
         writer = functools.partial(
             dq_adds.writer,
@@ -274,7 +275,7 @@ def _dkdv_kernel(
             group=group,
             steps=(lo, hi),
             block_q=bq,
-            part=config.dq_part(k_smem.shape[-1]),
+            part=part,
             semaphores=semaphores,
             interpret=interpret,
         )
@@ -331,7 +332,7 @@ def _dkdv_kernel(
             carry = tuple(_accumulate(terms, staging))
             plgpu.barrier_arrive(free.at[slot])
             if config.fused:
-                dq_adds.dq_share(fused_scratch, step, w, k_smem, config.dq_part(k_tile.shape[-1]))
+                dq_adds.dq_share(fused_scratch, step, w, k_smem, part)
             return carry
 
         def per_head(g, carry):

@@ -253,6 +253,19 @@ def default_mosaic_config(head_dim: int) -> MosaicConfig:
     return MosaicConfig(block_q=64, block_kv=64, num_stages=2)
 
 
+def fused_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
+    """The fused backward at this head dim: two consumers splitting the dQ share's
+    columns at 128, its rows (128-row query tiles) at 64. Above 128 the accumulators do
+    not fit beside a share: ValueError."""
+    hp = padded_head_dim(head_dim)
+    if hp > 128:
+        raise ValueError(
+            f"the fused backward does not fit at head dim {hp} (above 128): use "
+            "default_mosaic_bwd_config"
+        )
+    return MosaicBwdConfig(fused=True, block_q_dkv=128 if hp == 64 else 64)
+
+
 def default_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
     """The backward default table's row for this head dim (16-bit inputs only)."""
     if padded_head_dim(head_dim) <= 128:

@@ -205,7 +205,7 @@ def writer(
         out = []
         for w in range(c):
             r0 = i * block_q + (w * rows if rows < block_q else 0)
-            c0 = w * cols if c > 1 and rows == block_q else 0
+            c0 = w * cols if rows == block_q else 0  # columns split (w is 0 alone)
             out.append(dq_ref.at[b, pl.ds(r0, rows), h, pl.ds(c0, cols)])
         return out
 
