@@ -22,8 +22,16 @@ lra_train() {
     2>&1 | tr '\r' '\n' | grep -v '^\[' > "$OUT/$name.log"
   tail -4 "$OUT/$name.log"; cp "runs/$name/metrics.jsonl" "$OUT/$name.jsonl"
 }
+# prepare_once TASK LOG: the task's data, unless this machine has it already (a warm
+# machine keeps data/ between calls; two background steps must not write it at once, so a
+# `prepare:TASK` step before them makes it for both). GPU_RUN_DATA: where models.data
+# writes (the repository's data/; tests/test_gpu_run.py points it elsewhere).
+prepare_once() {
+  [ -e "${GPU_RUN_DATA:-data}/$1/meta.json" ] || python3 -m models.data prepare "$1" > "$2" 2>&1
+}
 for step in "$@"; do
-  [ "${step#gpu1:}" != "$step" ] && step=${step//+/ }  # gpu1:A+B: the child runs A then B
+  # gpu1:A+B, bg:A+B: the child runs A then B
+  [ "${step#gpu1:}" != "$step" ] || [ "${step#bg:}" != "$step" ] && step=${step//+/ }
   echo "== $step $(date +%T)"
   case $step in
     # gpu1:STEP[+STEP...] (two-GPU machines): the steps, in turn, on the second GPU in the
@@ -33,7 +41,11 @@ for step in "$@"; do
     # run beside the Mosaic suite read 11 % slow).
     gpu1:*) GPU_RUN_CHILD=1 CUDA_VISIBLE_DEVICES=1 bash "$0" "$commit" ${step#gpu1:} >> "$OUT/gpu1.txt" 2>&1 &
             export CUDA_VISIBLE_DEVICES=0 ;;
-    wait) wait; unset CUDA_VISIBLE_DEVICES; tail -4 "$OUT/gpu1.txt" ;;
+    # bg:STEP[+STEP...]: the same on this GPU, beside the steps after it (output in
+    # $OUT/bg.txt); for one-GPU machines, where a correctness suite and training (which
+    # leaves the GPU mostly idle) can share it. Never beside a timing.
+    bg:*) GPU_RUN_CHILD=1 bash "$0" "$commit" ${step#bg:} >> "$OUT/bg.txt" 2>&1 & ;;
+    wait) wait; unset CUDA_VISIBLE_DEVICES; tail -4 "$OUT"/gpu1.txt "$OUT"/bg.txt 2>/dev/null ;;
     # Tests compile many small shapes: XLA's GEMM autotuner would dominate, so it is off
     # for them (it changes speed, not results), and 8 processes share the GPU. About 140 s
     # alone; beside gpu1:mosaic-tests it did not finish in 330 s (TESTS_TIMEOUT).
@@ -135,7 +147,7 @@ for step in "$@"; do
                flags+=("--${kv%%=*}" "${kv#*=}"); name+="-${kv%%=*}${kv#*=}"
              done
              steps=${LRA_STEPS:-}
-             python3 -m models.data prepare "$task" > "$OUT/$name-prepare.log" 2>&1
+             prepare_once "$task" "$OUT/$name-prepare.log"
              if [ -n "$auto" ]; then
                timeout 200 python3 -m models.train --task "$task" --preset lra --steps 60 \
                  --eval-every 0 "${flags[@]}" --out "runs/$name-probe" > /dev/null 2>&1
@@ -144,8 +156,8 @@ for step in "$@"; do
              fi
              lra_train "$name" "$minutes" "$steps" "$task" "${flags[@]}" ;;
     # lra-seeds:TASK:MINUTES:N[:FLAG=VALUE,...]: N runs of the LRA preset at once on this
-    # GPU, seeds 0..N-1 (initialisation, dropout and batch order), each with 0.9/N of its
-    # memory: the spread between seeds for the price of one call (ListOps' batch-32 steps
+    # GPU, seeds 0..N-1 (initialisation, dropout and batch order), each with LRA_MEM/N of
+    # its memory (LRA_MEM 0.9 by default): the spread between seeds for the price of one call (ListOps' batch-32 steps
     # leave an H200 mostly idle). Runs are named TASK[-FLAGVALUE...]-seedS.
     lra-seeds:*) spec=${step#lra-seeds:}; task=${spec%%:*}; spec=${spec#*:}
              minutes=${spec%%:*}; spec=${spec#*:}; n=${spec%%:*}
@@ -154,8 +166,9 @@ for step in "$@"; do
              for kv in ${rest//,/ }; do
                flags+=("--${kv%%=*}" "${kv#*=}"); name+="-${kv%%=*}${kv#*=}"
              done
-             python3 -m models.data prepare "$task" > "$OUT/$name-prepare.log" 2>&1
-             fraction=$(awk "BEGIN { print 0.9 / $n }"); pids=()
+             prepare_once "$task" "$OUT/$name-prepare.log"
+             # LRA_MEM: the GPU memory fraction the N runs share (less beside other steps)
+             fraction=$(awk "BEGIN { print ${LRA_MEM:-0.9} / $n }"); pids=()
              for s in $(seq 0 $((n - 1))); do
                XLA_PYTHON_CLIENT_MEM_FRACTION=$fraction lra_train "$name-seed$s" "$minutes" \
                  "${LRA_STEPS:-}" "$task" --seed "$s" "${flags[@]}" &

@@ -14,9 +14,10 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
-# Logs each call (with the GPU it would run on) and answers --fit-steps with 1234.
+# Logs each call (with the GPU it would run on and its memory fraction) and answers
+# --fit-steps with 1234.
 FAKE_PYTHON = """#!/usr/bin/env bash
-echo "gpu=${CUDA_VISIBLE_DEVICES:-all} $*" >> "$CALLS"
+echo "gpu=${CUDA_VISIBLE_DEVICES:-all} mem=${XLA_PYTHON_CLIENT_MEM_FRACTION:-} $*" >> "$CALLS"
 case "$*" in *--fit-steps*) echo 1234 ;; esac
 exit 0
 """
@@ -40,13 +41,13 @@ def gpu_run(tmp_path):
     )
     env.pop("CUDA_VISIBLE_DEVICES", None)
 
-    def run(*steps, prefill: int = 0):
+    def run(*steps, prefill: int = 0, **extra_env):
         for i in range(prefill):  # results of earlier steps, as a call leaves them
             (out / f"earlier-{i}.jsonl").write_text("{}\n")
         proc = subprocess.run(
             ["bash", "benchmarks/gpu_run.sh", "abc1234", *steps],
             cwd=REPO,
-            env=env,
+            env={**env, **extra_env},
             capture_output=True,
             text=True,
             timeout=60,
@@ -147,3 +148,28 @@ def test_lra_seeds_build_one_run_per_seed_after_one_prepare(gpu_run):
         assert "--task listops --preset lra --max-minutes 7 " in run
         assert run.endswith(f"--lr 5e-4 --out runs/listops-lr5e-4-seed{s}")
     assert sum("-m models.train" in c for c in calls) == 3
+
+
+def test_background_steps_share_this_gpu_and_its_memory(gpu_run, tmp_path):
+    """bg:A+B runs A then B on the same GPU beside the foreground; data a step before
+    them prepared is not written again (the stand-in prepares nothing, so the test makes
+    it); LRA_MEM sets the runs' share."""
+    data = tmp_path / "data"
+    (data / "listops").mkdir(parents=True)
+    (data / "listops" / "meta.json").write_text("{}")
+    _, calls, out = gpu_run(
+        "prepare:listops",
+        "bg:lra-seeds:listops:7:2",
+        "bg:lra-seeds:listops:7:2:compute-dtype=float32",
+        "quick",
+        "wait",
+        LRA_MEM="0.4",
+        GPU_RUN_DATA=str(data),
+    )
+    assert sum("-m models.data prepare listops" in c for c in calls) == 1
+    trains = [c for c in calls if "-m models.train" in c]
+    assert len(trains) == 4
+    assert all(c.startswith("gpu=all mem=0.2 ") for c in trains), trains
+    assert sum(c.endswith("--out runs/listops-compute-dtypefloat32-seed1") for c in trains) == 1
+    assert _one(calls, "--suite quick").startswith("gpu=all mem= ")
+    assert (out / "bg.txt").exists()
