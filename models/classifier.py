@@ -79,8 +79,9 @@ class Recipe:
     batch: int
     lr: float  # the peak learning rate
     warmup: int
-    schedule: str = "cosine"  # linear warm-up, then "cosine" decay or LRA's "rsqrt" decay
-    final_lr: float = 0.0  # cosine: the last learning rate, as a fraction of lr
+    # linear warm-up, then "cosine" decay, "linear" decay or LRA's "rsqrt" decay
+    schedule: str = "cosine"
+    final_lr: float = 0.0  # cosine, linear: the last learning rate, as a fraction of lr
     weight_decay: float = 0.0  # decoupled (AdamW), as flax.optim.Adam's weight_decay
     b2: float = 0.98  # LRA's Adam: b1 0.9, b2 0.98, eps 1e-9
     eps: float = 1e-9
@@ -146,6 +147,36 @@ PRESETS: dict[str, dict[str, tuple[ClassifierConfig, Recipe]]] = {
                 # LRA evaluates every 20 steps on 640 examples; every 100 on our whole
                 # 2k validation split costs about 1 s each, and the best-validation model
                 # (kept on disk, tested at the end) is picked from 50 points, not 10.
+                eval_every=100,
+            ),
+        ),
+        # The FlashAttention paper's LRA numbers (ListOps: Transformer 36.0, FlashAttention
+        # 37.6) follow the Nyströmformer reproduction of LRA (Xiong et al. 2021,
+        # mlpen/Nystromformer, LRA/code/lra_config.py and run_tasks.py): a far smaller
+        # Transformer (2 layers, width 64, 2 heads of 32, MLP 128, learned positions, mean
+        # pooling) with AdamW (b2 0.999, eps 1e-6, no weight decay) at 1e-4, a linear
+        # one-cycle schedule (warm-up 1000 steps, then linear decay to 0 at 5000) and the
+        # same batch of 32. Its test model is the best on validation, as ours reports.
+        "xiong": (
+            ClassifierConfig(
+                n_layer=2,
+                n_head=2,
+                d_model=64,
+                qkv_dim=64,
+                mlp_dim=128,
+                pool="mean",
+                positions="learned",
+                dropout=0.1,
+                attention_dropout=0.1,
+            ),
+            Recipe(
+                steps=5000,
+                batch=32,
+                lr=1e-4,
+                warmup=1000,
+                schedule="linear",
+                b2=0.999,
+                eps=1e-6,
                 eval_every=100,
             ),
         ),
@@ -302,9 +333,10 @@ class Classifier(nnx.Module):
             rngs=rngs,
         )
         self.cls = nnx.Param(jnp.zeros((1, 1, cfg.d_model))) if cfg.pool == "cls" else None
-        self.pos = None
-        if cfg.positions == "learned":
-            self.pos = nnx.Embed(
+        # One assignment: nnx fixes an attribute first set to None as static, and refuses
+        # a module there afterwards.
+        self.pos = (
+            nnx.Embed(
                 padded_length(cfg),
                 cfg.d_model,
                 dtype=dt,
@@ -312,6 +344,9 @@ class Classifier(nnx.Module):
                 embedding_init=nnx.initializers.normal(0.02),
                 rngs=rngs,
             )
+            if cfg.positions == "learned"
+            else None
+        )
         self.blocks = nnx.List(
             [
                 gpt.Block(

@@ -51,6 +51,16 @@ def make_optimizer(args):
             w = float(args.warmup)
             return args.lr * jnp.minimum(1.0, s / w) * jnp.sqrt(w / jnp.maximum(s, w))
 
+    elif args.schedule == "linear":  # linear warm-up to lr, then linear decay to the end
+        schedule = optax.join_schedules(
+            [
+                optax.linear_schedule(0.0, args.lr, args.warmup),
+                optax.linear_schedule(
+                    args.lr, args.lr * args.final_lr, max(args.steps - args.warmup, 1)
+                ),
+            ],
+            [args.warmup],
+        )
     else:
         schedule = optax.warmup_cosine_decay_schedule(
             0.0,

@@ -232,3 +232,30 @@ def test_killed_pathfinder_run_resumes_exactly(lra_root, tmp_path):
     assert test_acc(rows) == test_acc(whole)
     best = lambda rs: [r for r in rs if "best_test_acc" in r][-1]  # noqa: E731
     assert best(rows) == best(whole)  # the kept model survives the kill
+
+
+@pytest.mark.parametrize(
+    "schedule, points",
+    [  # (step, fraction of the peak lr): warm-up 100 steps of 500
+        ("linear", [(0, 0.0), (50, 0.5), (100, 1.0), (300, 0.5), (500, 0.0)]),
+        ("rsqrt", [(0, 0.0), (50, 0.5), (100, 1.0), (400, 0.5)]),
+        ("cosine", [(0, 0.0), (100, 1.0), (300, 0.5), (500, 0.0)]),
+    ],
+)
+def test_schedules_peak_at_the_end_of_warm_up(schedule, points):
+    args = dataclasses.replace(
+        classifier.PRESETS["listops"]["xiong"][1], steps=500, warmup=100, lr=2e-3, schedule=schedule
+    )
+    _, lr = train.make_optimizer(args)
+    for step, fraction in points:
+        assert float(lr(step)) == pytest.approx(fraction * 2e-3, abs=1e-9), (step, fraction)
+
+
+def test_xiong_preset_is_the_nystromformer_listops_model():
+    """The FlashAttention paper's LRA setting: 2 layers, width 64, heads of 32, MLP 128."""
+    cfg, recipe = classifier.PRESETS["listops"]["xiong"]
+    cfg = classifier.for_task(cfg, "listops", 2000)
+    model = classifier.Classifier(cfg, "xla", rngs=nnx.Rngs(0))
+    assert len(model.blocks) == 2 and cfg.qkv_dim // cfg.n_head == 32
+    assert model.blocks[0].fc.kernel.shape == (64, 128)
+    assert (recipe.batch, recipe.steps, recipe.lr, recipe.schedule) == (32, 5000, 1e-4, "linear")
