@@ -66,9 +66,10 @@ for step in "$@"; do
              > "$OUT/mosaic-tests.log" 2>&1; echo "pytest rc=$?"; tail -3 "$OUT/mosaic-tests.log" ;;
     memory-ours) timeout 200 python3 -m benchmarks.bench --suite memory --commit "$commit" \
              --run-id "$run_id" --impls pallas_flash:triton --out "$OUT/memory.jsonl" ;;
+    # MEMORY_IMPLS: some of the peers only (a comma-separated list)
     memory-peers) timeout 300 python3 -m benchmarks.bench --suite memory --commit "$commit" \
              --run-id "$run_id" --isolate --max-run-seq 262144 --out "$OUT/memory.jsonl" \
-             --impls pallas_flash:xla_blockwise,jax.nn:xla,jax.nn:cudnn,tokamax:mosaic,tokamax:triton ;;
+             --impls "${MEMORY_IMPLS:-pallas_flash:xla_blockwise,jax.nn:xla,jax.nn:cudnn,tokamax:mosaic,tokamax:triton}" ;;
     # tests-K: the compiled tests whose ids match K (pytest -k), e.g. after a kernel change.
     tests-*) XLA_FLAGS=--xla_gpu_autotune_level=0 XLA_PYTHON_CLIENT_PREALLOCATE=false \
              timeout 300 python3 -m pytest -m "gpu and not mosaic" -q -p no:cacheprovider \
