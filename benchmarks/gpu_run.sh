@@ -139,7 +139,8 @@ for step in "$@"; do
     # without attention dropout: 35.6k examples/s against the run's 25.9k, so
     # Pathfinder-32 stopped at 83 % of its steps.)
     # FLAG=VALUE pairs are the trainer's flags (clip=1 is --clip 1) and name the run
-    # (listops-clip1).
+    # (listops-clip1); preset=xiong picks another preset (the last --preset wins).
+    # MINUTES: whole minutes (bash arithmetic).
     lra:*) spec=${step#lra:}; task=${spec%%:*}; spec=${spec#*:}; minutes=${spec%%:*}
              rest=; [ "$spec" != "$minutes" ] && rest=${spec#*:}
              auto=; [ "${rest%%:*}" = auto ] && { auto=1; rest=${rest#auto}; rest=${rest#:}; }

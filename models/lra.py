@@ -132,6 +132,15 @@ def pathfinder(n: int, seed: int, size: int = 32):
     return images, labels.astype(np.uint8)
 
 
+def _outer_operator_rule(ids: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """token -> predicted label: each outermost operator's most frequent label."""
+    table = np.zeros(len(VOCAB), np.int64)
+    for op in OPERATORS:
+        token = TOKEN[op]
+        table[token] = np.bincount(labels[ids[:, 0] == token], minlength=10).argmax()
+    return table
+
+
 def outer_operator_baseline(n: int = 4000, seed: int = 7) -> dict:
     """What reading the first token alone gives on ListOps: for each outermost operator,
     its most frequent label among n generated examples, scored on n more. A model at
@@ -139,20 +148,34 @@ def outer_operator_baseline(n: int = 4000, seed: int = 7) -> dict:
     Returns the accuracy, the per-operator predictions and how often each operator is
     outermost."""
     ids, labels = listops(2 * n, seed)
-    first = ids[:, 0]
     fit, test = slice(0, n), slice(n, 2 * n)
-    predict, share = {}, {}
-    for op in OPERATORS:
-        token = TOKEN[op]
-        predict[op] = int(np.bincount(labels[fit][first[fit] == token], minlength=10).argmax())
-        share[op] = float(np.mean(first[test] == token))
-    table = np.array([predict.get(VOCAB[t], 0) for t in range(len(VOCAB))])
-    accuracy = float(np.mean(table[first[test]] == labels[test]))
+    table = _outer_operator_rule(ids[fit], labels[fit])
+    predict = {op: int(table[TOKEN[op]]) for op in OPERATORS}
+    share = {op: float(np.mean(ids[test, 0] == TOKEN[op])) for op in OPERATORS}
+    accuracy = float(np.mean(table[ids[test, 0]] == labels[test]))
     return dict(n=n, seed=seed, accuracy=accuracy, predict=predict, outermost=share)
 
 
-if __name__ == "__main__":  # python -m models.lra [N]: the outer-operator baseline, as JSON
+def outer_operator_baseline_on_splits(splits: dict) -> dict:
+    """The same rule fitted on splits["train"] and scored on every split: {split: accuracy}.
+    `splits`: split -> (ids, labels), as models.data.load_lra gives them. Each split's
+    own baseline is what a model's accuracy on it should be read against (2000 examples
+    move it by about a point either way)."""
+    table = _outer_operator_rule(*splits["train"])
+    return {name: float(np.mean(table[ids[:, 0]] == y)) for name, (ids, y) in splits.items()}
+
+
+if __name__ == "__main__":
+    # python -m models.lra [N]: the outer-operator baseline on 2N generated examples;
+    # python -m models.lra --prepared: the same rule on the prepared ListOps splits
+    # (python -m models.data prepare listops), fitted on train. Both print JSON.
     import json
     import sys
 
-    print(json.dumps(outer_operator_baseline(int(sys.argv[1]) if len(sys.argv) > 1 else 4000)))
+    if sys.argv[1:] == ["--prepared"]:
+        from models import data
+
+        splits = {s: data.load_lra("listops", s) for s in ("train", "val", "test")}
+        print(json.dumps(outer_operator_baseline_on_splits(splits)))
+    else:
+        print(json.dumps(outer_operator_baseline(int(sys.argv[1]) if len(sys.argv) > 1 else 4000)))

@@ -10,6 +10,8 @@ table by the folder or the file's stem. One row per run:
 - the largest relative difference of its training loss from the first run's, over the
   steps both ran (the first run is the reference: same seed, same batches, so this is
   how far the curves drift apart);
+- for runs that reached a test: a last row with the test accuracies' mean, sample standard
+  deviation, min and max (runs apart only in their seed are read by it);
 - the steady rate: tokens (or examples) per second of training from step --skip (past
   compilation) to the last step, evaluation excluded. Files written before the trainer
   logged `train_seconds` give the rate over the whole run instead, compilation and
@@ -118,7 +120,27 @@ def table(runs: list[tuple[str, list[dict]]], skip: int = 10, evals: int | None 
         cells += ["-" if diff is None else f"{100 * diff:.2f} %"]
         cells += ["-" if rate is None else f"{rate:,.0f}"]
         out.append("| " + " | ".join(cells) + " |")
+    if has_test:
+        out.append(_seed_summary(runs, len(evals), has_best, n_after=2))
     return "\n".join(out)
+
+
+def _mean_sd(xs: list[float]) -> str:
+    mean = sum(xs) / len(xs)
+    sd = (sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else 0.0
+    return f"{100 * mean:.2f} ± {100 * sd:.2f} % (min {100 * min(xs):.2f}, max {100 * max(xs):.2f})"
+
+
+def _seed_summary(runs, n_evals: int, has_best: bool, n_after: int) -> str:
+    """The runs' test accuracies as mean ± sample sd, min and max: runs that differ only
+    in their seed are read by this row, not by their best one."""
+    test = [[r["test_acc"] for r in rows if "test_acc" in r] for _, rows in runs]
+    best = [[r["best_test_acc"] for r in rows if "best_test_acc" in r] for _, rows in runs]
+    cells = [f"mean ± sd of {sum(map(bool, test))} runs", *([""] * n_evals)]
+    cells += [_mean_sd([t[-1] for t in test if t])]
+    cells += [_mean_sd([b[-1] for b in best if b])] if has_best and any(best) else ([""] * has_best)
+    cells += [""] * n_after
+    return "| " + " | ".join(cells) + " |"
 
 
 def main(argv=None) -> int:

@@ -259,3 +259,23 @@ def test_xiong_preset_is_the_nystromformer_listops_model():
     assert len(model.blocks) == 2 and cfg.qkv_dim // cfg.n_head == 32
     assert model.blocks[0].fc.kernel.shape == (64, 128)
     assert (recipe.batch, recipe.steps, recipe.lr, recipe.schedule) == (32, 5000, 1e-4, "linear")
+
+
+def test_report_reads_seeds_by_their_mean(tmp_path):
+    """Runs apart only in their seed: the report's last row is the mean ± sd of their test
+    accuracies (and of those at the best validation), with min and max."""
+    paths = []
+    for seed, (acc, best) in enumerate([(0.36, 0.35), (0.38, 0.37), (0.37, 0.39)]):
+        rows = [
+            {"step": 0, "loss": 2.3, "acc": 0.1, "examples_seen": 32, "train_seconds": 1.0},
+            {"step": 9, "val_loss": 2.0, "val_acc": 0.3},
+            {"step": 10, "test_acc": acc, "test_loss": 1.7},
+            {"step": 10, "best_test_acc": best, "best_val_step": 9, "best_val_acc": 0.4},
+        ]
+        paths.append(tmp_path / f"run-seed{seed}.jsonl")
+        paths[-1].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    last = report.table([report.load(str(p)) for p in paths]).splitlines()[-1]
+    cells = [c.strip() for c in last.strip("|").split("|")]
+    assert cells[0] == "mean ± sd of 3 runs"
+    assert cells[2] == "37.00 ± 1.00 % (min 36.00, max 38.00)"
+    assert cells[3] == "37.00 ± 2.00 % (min 35.00, max 39.00)"

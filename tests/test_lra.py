@@ -48,3 +48,14 @@ def test_outer_operator_baseline():
     assert got["predict"]["[MIN"] == 0 and got["predict"]["[MAX"] == 9
     assert 0.2 < got["accuracy"] < 0.5
     assert abs(sum(got["outermost"].values()) - 1.0) < 1e-9
+
+
+def test_outer_operator_baseline_on_splits():
+    """Fitted on train (MIN's most frequent label there is 0, MAX's 9), scored on each
+    split by the first token alone."""
+    mn, mx = lra.TOKEN["[MIN"], lra.TOKEN["[MAX"]
+    ids = lambda firsts: np.array([[t, 5, 7] for t in firsts])  # noqa: E731
+    train = (ids([mn, mn, mn, mx, mx]), np.array([0, 0, 3, 9, 9]))
+    test = (ids([mn, mx, mx, mn]), np.array([0, 9, 1, 2]))
+    got = lra.outer_operator_baseline_on_splits({"train": train, "test": test})
+    assert got == {"train": 0.8, "test": 0.5}
