@@ -275,6 +275,11 @@ def main(argv=None):
         "--masks", default=None, help="comma-separated mask labels to keep (default: all)"
     )
     parser.add_argument(
+        "--seqs",
+        default=None,
+        help="comma-separated query lengths to keep, e.g. 16384 (default: all)",
+    )
+    parser.add_argument(
         "--causal",
         choices=("true", "false"),
         default=None,
@@ -301,9 +306,6 @@ def main(argv=None):
             subprocess.run(cmd, check=False, env=os.environ.copy())
         return 0
 
-    env = environment(args.commit)
-    out = open(args.out, "a") if args.out else None  # noqa: SIM115 - appended row by row
-    checked: dict = {}
     shapes = suite.tiny_shapes if args.tiny else suite.shapes
     if args.head_dims:
         keep = {int(h) for h in args.head_dims.split(",")}
@@ -313,6 +315,14 @@ def main(argv=None):
         shapes = tuple(s for s in shapes if s.mask in labels)
     if args.causal:
         shapes = tuple(s for s in shapes if s.causal == (args.causal == "true"))
+    if args.seqs:
+        keep = {int(t) for t in args.seqs.split(",")}
+        shapes = tuple(s for s in shapes if s.seq_q in keep)
+    if not shapes:
+        parser.error(f"no {args.suite} shape is left by the filters given")
+    env = environment(args.commit)
+    out = open(args.out, "a") if args.out else None  # noqa: SIM115 - appended row by row
+    checked: dict = {}
     start = time.perf_counter()
     for s in shapes:
         if args.time_budget and time.perf_counter() - start > args.time_budget:
@@ -349,6 +359,9 @@ def _forward_args(args, name, run_id):
         ("--commit", args.commit),
         ("--head-dims", args.head_dims),
         ("--masks", args.masks),
+        ("--causal", args.causal),
+        ("--seqs", args.seqs),
+        ("--time-budget", args.time_budget and str(args.time_budget)),
     ):
         if value:
             fwd += [flag, value]

@@ -86,12 +86,14 @@ for step in "$@"; do
     mosaic-fa:*) hd=${step#mosaic-fa:}; causal=${hd#*:}; [ "$causal" = "$hd" ] && causal=
              timeout 300 python3 -m benchmarks.bench --suite fa --commit "$commit" \
              --run-id "$run_id" --head-dims "${hd%%:*}" ${causal:+--causal "$causal"} \
+             ${FA_SEQS:+--seqs "$FA_SEQS"} \
              --time-budget "${MOSAIC_FA_BUDGET:-240}" \
              --impls "${MOSAIC_FA_IMPLS:-pallas_flash:mosaic,jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3,pallas_flash:triton}" \
              --out "$OUT/fa-mosaic.jsonl" ;;
     # fa-grid:HEAD_DIMS:CAUSAL:BUDGET: a slice of the fa grid with ours and every peer (issue
     # 3's point 1, split over calls and GPUs, since the whole grid outlasts a call);
-    # CAUSAL false, true or both; no new shape starts after BUDGET seconds. Its own file
+    # CAUSAL false, true or both; no new shape starts after BUDGET seconds; FA_SEQS (here
+    # and in mosaic-fa): only these query lengths, e.g. 16384 (a point a budget cut). Its own file
     # (fa-64-both.jsonl), so two GPUs' slices never share one.
     fa-grid:*) spec=${step#fa-grid:}; hd=${spec%%:*}; spec=${spec#*:}; causal=${spec%%:*}
              budget=${spec#*:}; out="$OUT/fa-${hd//,/-}-$causal.jsonl"
@@ -99,6 +101,7 @@ for step in "$@"; do
              [ "$causal" = both ] && causal=
              timeout $((budget + 90)) python3 -m benchmarks.bench --suite fa --commit "$commit" \
                --run-id "$slice_id" --head-dims "$hd" ${causal:+--causal "$causal"} \
+               ${FA_SEQS:+--seqs "$FA_SEQS"} \
                --time-budget "$budget" --out "$out" 2>&1 | tail -2 ;;
     # prepare:TASK: a dataset made once, before steps on both GPUs read it.
     prepare:*) python3 -m models.data prepare "${step#prepare:}" ;;

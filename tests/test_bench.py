@@ -251,3 +251,38 @@ def test_summary_sets_ours_against_the_best_peer_and_cudnn():
         lines[-1]
         == "| 128 | no | fwd | 1k-4k | 0.75x | 0.80x | 1.20x | 0.80-1.25x | 500 (62 %) | r |"
     )
+
+
+def test_seqs_keep_only_those_query_lengths(tmp_path, capsys):
+    """--seqs narrows a suite to some lengths (a point a time budget cut); a filter that
+    leaves nothing is an error naming the suite, not an empty run."""
+    out = tmp_path / "fa.jsonl"
+    argv = ["--suite", "fa", "--tiny", "--impls", "pallas_flash:xla_blockwise", "--out", str(out)]
+    assert bench.main([*argv, "--seqs", "40"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows and {r["seq_q"] for r in rows} == {40}
+    with pytest.raises(SystemExit):
+        bench.main([*argv, "--seqs", "12345"])
+    assert "no fa shape is left" in capsys.readouterr().err
+
+
+def test_isolated_processes_get_every_filter():
+    """--isolate runs one process per implementation: each gets the same shape filters
+    and budget (a dropped --causal once ran the whole grid per process)."""
+    args = bench.argparse.Namespace(
+        suite="memory",
+        max_run_seq=262144,
+        out="m.jsonl",
+        commit="abc",
+        head_dims="128",
+        masks=None,
+        causal="true",
+        seqs="1024,4096",
+        time_budget=30.0,
+        tiny=False,
+    )
+    got = bench._forward_args(args, "jax.nn:cudnn", "run1")
+    pairs = dict(zip(got[::2], got[1::2]))
+    assert pairs["--impls"] == "jax.nn:cudnn" and pairs["--causal"] == "true"
+    assert pairs["--seqs"] == "1024,4096" and pairs["--time-budget"] == "30.0"
+    assert "--masks" not in pairs and "--tiny" not in got
