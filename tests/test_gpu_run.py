@@ -173,3 +173,11 @@ def test_background_steps_share_this_gpu_and_its_memory(gpu_run, tmp_path):
     assert sum(c.endswith("--out runs/listops-compute-dtypefloat32-seed1") for c in trains) == 1
     assert _one(calls, "--suite quick").startswith("gpu=all mem= ")
     assert (out / "bg.txt").exists()
+
+
+def test_fa_seqs_narrow_the_grid_steps(gpu_run):
+    _, calls, _ = gpu_run("fa-grid:128:true:120", "mosaic-fa:64", FA_SEQS="16384")
+    assert "--seqs 16384" in _one(calls, "--suite fa", "--head-dims 128")
+    assert "--seqs 16384" in _one(calls, "--suite fa", "--head-dims 64")
+    _, calls, _ = gpu_run("fa-grid:128:true:120")
+    assert "--seqs" not in _one(calls[-1:], "--suite fa")
