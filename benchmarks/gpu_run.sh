@@ -22,6 +22,15 @@ lra_train() {
     2>&1 | tr '\r' '\n' | grep -v '^\[' > "$OUT/$name.log"
   tail -4 "$OUT/$name.log"; cp "runs/$name/metrics.jsonl" "$OUT/$name.jsonl"
 }
+# lra_flags TASK REST: REST's FLAG=VALUE pairs (comma-separated) as the trainer's flags in
+# the array `flags`, and the run's name TASK-FLAGVALUE... in `name` (clip=1,lr=5e-4:
+# --clip 1 --lr 5e-4, TASK-clip1-lr5e-4).
+lra_flags() {
+  flags=(); name=$1
+  for kv in ${2//,/ }; do
+    flags+=("--${kv%%=*}" "${kv#*=}"); name+="-${kv%%=*}${kv#*=}"
+  done
+}
 # prepare_once TASK LOG: the task's data, unless this machine has it already (a warm
 # machine keeps data/ between calls; two background steps must not write it at once, so a
 # `prepare:TASK` step before them makes it for both). GPU_RUN_DATA: where models.data
@@ -147,10 +156,7 @@ for step in "$@"; do
     lra:*) spec=${step#lra:}; task=${spec%%:*}; spec=${spec#*:}; minutes=${spec%%:*}
              rest=; [ "$spec" != "$minutes" ] && rest=${spec#*:}
              auto=; [ "${rest%%:*}" = auto ] && { auto=1; rest=${rest#auto}; rest=${rest#:}; }
-             flags=(); name=$task
-             for kv in ${rest//,/ }; do
-               flags+=("--${kv%%=*}" "${kv#*=}"); name+="-${kv%%=*}${kv#*=}"
-             done
+             lra_flags "$task" "$rest"
              steps=${LRA_STEPS:-}
              prepare_once "$task" "$OUT/$name-prepare.log"
              if [ -n "$auto" ]; then
@@ -167,10 +173,7 @@ for step in "$@"; do
     lra-seeds:*) spec=${step#lra-seeds:}; task=${spec%%:*}; spec=${spec#*:}
              minutes=${spec%%:*}; spec=${spec#*:}; n=${spec%%:*}
              rest=; [ "$spec" != "$n" ] && rest=${spec#*:}
-             flags=(); name=$task
-             for kv in ${rest//,/ }; do
-               flags+=("--${kv%%=*}" "${kv#*=}"); name+="-${kv%%=*}${kv#*=}"
-             done
+             lra_flags "$task" "$rest"
              prepare_once "$task" "$OUT/$name-prepare.log"
              # LRA_MEM: the GPU memory fraction the N runs share (less beside other steps)
              fraction=$(awk "BEGIN { print ${LRA_MEM:-0.9} / $n }"); pids=()

@@ -138,7 +138,7 @@ def _seed_summary(runs, n_evals: int, has_best: bool, n_after: int) -> str:
     best = [[r["best_test_acc"] for r in rows if "best_test_acc" in r] for _, rows in runs]
     cells = [f"mean ± sd of {sum(map(bool, test))} runs", *([""] * n_evals)]
     cells += [_mean_sd([t[-1] for t in test if t])]
-    cells += [_mean_sd([b[-1] for b in best if b])] if has_best and any(best) else ([""] * has_best)
+    cells += [_mean_sd([b[-1] for b in best if b])] if has_best else []
     cells += [""] * n_after
     return "| " + " | ".join(cells) + " |"
 
