@@ -264,9 +264,11 @@ done
 wait
 echo "== done $(date +%T)"
 # At most 8 files come back from $OUT: more are bundled into one archive (the top-level
-# call only: a gpu1 step's call shares $OUT). Unpack with tar xzf results.tgz.
+# call only: a gpu1 step's call shares $OUT). Unpack with tar xzf gpu_run-bundle.tgz. A
+# name of its own, so that a command after this script that archives $OUT itself (as
+# results.tgz, say) cannot overwrite it (one did at e610df9: six ListOps runs' logs lost).
 if [ -z "${GPU_RUN_CHILD:-}" ] && [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
-  bundle=$(mktemp -d)/results.tgz
+  bundle=$(mktemp -d)/gpu_run-bundle.tgz
   tar czf "$bundle" -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv "$bundle" "$OUT/"
-  echo "bundled into \$OUT/results.tgz"
+  echo "bundled into \$OUT/gpu_run-bundle.tgz"
 fi

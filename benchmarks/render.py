@@ -378,15 +378,26 @@ def ring_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+# The Mosaic forward's schedule flags and their labels (all off in MosaicConfig()).
+_MOSAIC_FLAGS = (
+    ("rescale_before_turn", "rescale-early"),
+    ("early_k_wait", "k-wait-early"),
+    ("intra_overlap", "overlap"),
+)
+
+
 def config_label(c: dict) -> str:
     """A config in a cell. Triton: "128x64 w8 s3", or "dkv 64x64 dq 64x64 w4 s2".
     Mosaic: "64x128 s2" (block_q per warpgroup x block_kv, stages; "no-pingpong",
-    "p-smem" where set), or "dkv 2x64 q64 s2 dq 2x64 kv64 s2" (warpgroups x their
-    tile, the streamed tile, stages; "split" where dV and dK split the warpgroups)."""
+    "p-smem", "rescale-early", "k-wait-early", "overlap" where set), or
+    "dkv 2x64 q64 s2 dq 2x64 kv64 s2" (warpgroups x their tile, the streamed tile,
+    stages; "split" where dV and dK split the warpgroups)."""
     if "schedule_barrier" in c:
         flags = ("" if c["schedule_barrier"] else " no-pingpong") + (
             "" if c.get("p_in_registers", True) else " p-smem"
         )
+        for key, name in _MOSAIC_FLAGS:  # absent from rows written before the flag existed
+            flags += f" {name}" if c.get(key) else ""
         return f"{c['block_q']}x{c['block_kv']} s{c['num_stages']}{flags}"
     if "consumers_dkv" in c:
         tiles = 1 if c["split_dkv"] else c["consumers_dkv"]

@@ -121,14 +121,14 @@ def test_second_gpu_child_runs_its_steps_in_turn(gpu_run):
 
 @pytest.mark.parametrize("earlier", [5, 9])
 def test_more_than_eight_files_are_bundled(gpu_run, earlier):
-    """A device call returns at most 8 files: more leave as one results.tgz."""
+    """A device call returns at most 8 files: more leave as one gpu_run-bundle.tgz."""
     stdout, _, out = gpu_run("prepare:listops", prefill=earlier)
     files = sorted(p.name for p in out.iterdir())
     if earlier <= 8:
         assert "bundled" not in stdout and len(files) == earlier
     else:
-        assert "bundled into $OUT/results.tgz" in stdout and files == ["results.tgz"]
-        with tarfile.open(out / "results.tgz") as tar:
+        assert "bundled into $OUT/gpu_run-bundle.tgz" in stdout and files == ["gpu_run-bundle.tgz"]
+        with tarfile.open(out / "gpu_run-bundle.tgz") as tar:
             names = {pathlib.Path(n).name for n in tar.getnames()}
         assert {f"earlier-{i}.jsonl" for i in range(earlier)} <= names
 

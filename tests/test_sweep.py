@@ -231,3 +231,16 @@ def test_sweep_table_one_per_family():
         "| 128 | yes | bwd | 2.00 (1) | dkv 1x64 q64 s2 split dq 1x64 kv64 s3 | 1.00 (2) | 2.00x |"
         in mosaic
     )
+
+
+def test_mosaic_forward_label_names_its_schedule_flags():
+    """A sweep's best Mosaic forward differs from the default by a schedule flag at times
+    (the early K wait): the label must say which, or two rows read alike."""
+    default = dataclasses.asdict(configs.MosaicConfig())
+    assert render.config_label(default) == "64x128 s2"
+    flags = dict(default, rescale_before_turn=True, early_k_wait=True)
+    assert render.config_label(flags) == "64x128 s2 rescale-early k-wait-early"
+    overlap = dict(default, intra_overlap=True, schedule_barrier=False)
+    assert render.config_label(overlap) == "64x128 s2 no-pingpong overlap"
+    old_row = {k: v for k, v in default.items() if k != "early_k_wait"}  # before the flag
+    assert render.config_label(old_row) == "64x128 s2"
