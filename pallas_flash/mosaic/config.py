@@ -12,20 +12,27 @@ Default-config table (16-bit inputs; head dim padded up to a multiple of 64):
 
 (Shared memory as Mosaic GPU's lowering reports it, with P in registers.)
 
-Evidence: only the defaults are measured so far (H200, head dim 128, non-causal, bf16,
-16k tokens per batch, `benchmarks/results/fa-mosaic-fa74dc8.jsonl`): forward 539-584
-TFLOP/s from seq 2k, 0.87-0.95x cuDNN in the same run; no other config has run. Starting
-points from JAX's own Mosaic FA3
+Evidence: the forward sweep on the H200 (`python -m benchmarks.sweep --family mosaic`,
+gpu_run.sh step `sweep-mosaic:HD:fwd`; B=2, T=S=8k, bf16; TFLOP/s non-causal / causal;
+`python -m benchmarks.render FILE` prints its table):
+- Head dim 128 (`benchmarks/results/sweep-mosaic-128-fwd-e610df9.jsonl`: in 200 s, the
+  72 candidates nearest the old default, each causal and not): the early K wait is the
+  one change that wins, 555 / 553 -> 582 / 603 (1.05x / 1.09x). With rescale_before_turn
+  as well 573 / 600; rescale_before_turn alone 576 / 559; intra_overlap 463 / 450 (539 /
+  530 without ping-pong); no ping-pong 534 / 558; block_kv 64 at most 514; 128 rows per
+  warpgroup at most 539. Three stages or block_kv 192 at 64 rows need more than the 227
+  KiB of shared memory, so those were not compiled.
+- Head dim 64 (`sweep-mosaic-64-fwd-c6719a0.jsonl`, 13 candidates, the new default
+  first): with the early K wait 437 / 419, without 417 / 400 (1.05x / 1.05x); block_kv
+  64 369 / 358; three stages 433 / 419; block_kv 192 435 non-causal.
+- Head dims 192 and 256: not swept yet (the defaults without the early wait).
+Starting points came from JAX's own Mosaic FA3
 (`jax/experimental/pallas/ops/gpu/attention_mgpu.py`), whose benchmark keeps 64 query
 rows per warpgroup and two K/V stages and takes the first block_kv of 256, 128, 64 that
-fits in Hopper's 227 KiB of shared memory (256 at head dim 64, 128 at 128, 64 at 256).
-At head dim 64 we start at 128 as well, which keeps the float32 score tile at 64
-registers per thread. `python -m benchmarks.sweep --family mosaic` (gpu_run.sh step
-`sweep-mosaic`) times the alternatives, the schedule flags included (rescale_before_turn
-and early_k_wait, as JAX's Mosaic FA3 schedules; intra_overlap, FA3's intra-warpgroup
-pipelining), to replace this note. In the fa grids (`fa-mosaic-fa74dc8.jsonl`,
-`fa-a8d81d9/`) JAX's Mosaic FA3 runs at 1.06-1.12x this forward at head dims 64 and 128,
-non-causal.
+fits in Hopper's 227 KiB of shared memory (256 at head dim 64, 128 at 128, 64 at 256);
+at head dim 64 block_kv 128 keeps the float32 score tile at 64 registers per thread.
+Before the early K wait (`fa-a8d81d9/`), JAX's Mosaic FA3 ran at 1.06-1.12x this
+forward at head dims 64 and 128, non-causal.
 
 Backward default table (`MosaicBwdConfig`; one CTA has `consumers` compute warpgroups
 and a TMA producer; shared memory from `smem_bytes_*`, operands in registers):
@@ -105,8 +112,8 @@ class MosaicConfig:
       work delays our P V. Off until measured on the H200 (the sweep has both).
     early_k_wait: wait for the next K tile while this tile's P V runs (JAX's Mosaic FA3
       and tokamax do), instead of at the top of the next step, where the wait sits
-      between our turn and the next Q K^T. On at head dims up to 128: 1.05x non-causal,
-      1.09x causal at head dim 128 (the module docstring's sweep); not yet measured above.
+      between our turn and the next Q K^T. On at head dims up to 128, where the sweep
+      measured it (module docstring): 1.05-1.09x. Above, not yet measured.
     intra_overlap: FA3's intra-warpgroup pipelining: tile j's Q K^T and tile j - 1's
       P V are issued together and tile j's softmax runs while that P V does (neither
       JAX's Mosaic FA3 nor tokamax does; FA3's ablation credits it with about 13 % at
