@@ -103,15 +103,20 @@ for step in "$@"; do
     # 3's point 1, split over calls and GPUs, since the whole grid outlasts a call);
     # CAUSAL false, true or both; no new shape starts after BUDGET seconds; FA_SEQS (here
     # and in mosaic-fa): only these query lengths, e.g. 16384 (a point a budget cut). Its own file
-    # (fa-64-both.jsonl), so two GPUs' slices never share one.
+    # (fa-64-both.jsonl), so two GPUs' slices never share one. The timeout leaves the last
+    # shape started FA_SHAPE_SECONDS (default 300) to finish: one shape with every peer
+    # (compiles, checks, timings) outlasts 90 s at head dim 256, and at e610df9 a timeout of
+    # budget + 90 killed JAX's Mosaic FA3, the last peer, with nothing said (rc now is).
     fa-grid:*) spec=${step#fa-grid:}; hd=${spec%%:*}; spec=${spec#*:}; causal=${spec%%:*}
              budget=${spec#*:}; out="$OUT/fa-${hd//,/-}-$causal.jsonl"
              slice_id="$run_id-fa-${hd//,/-}-$causal"  # one run id per process
              [ "$causal" = both ] && causal=
-             timeout $((budget + 90)) python3 -m benchmarks.bench --suite fa --commit "$commit" \
+             timeout $((budget + ${FA_SHAPE_SECONDS:-300})) python3 -m benchmarks.bench \
+               --suite fa --commit "$commit" \
                --run-id "$slice_id" --head-dims "$hd" ${causal:+--causal "$causal"} \
                ${FA_SEQS:+--seqs "$FA_SEQS"} \
-               --time-budget "$budget" --out "$out" 2>&1 | tail -2 ;;
+               --time-budget "$budget" --out "$out" 2>&1 | tail -2
+             echo "fa-grid rc=${PIPESTATUS[0]}" ;;
     # prepare:TASK: a dataset made once, before steps on both GPUs read it.
     prepare:*) python3 -m models.data prepare "${step#prepare:}" ;;
     # Issue 4: which in-kernel layout of a boolean mask costs least (benchmarks/mask_layouts.py).

@@ -74,9 +74,10 @@ def test_peer_wheels_are_installed_once(gpu_run, tmp_path):
 
 
 def test_fa_grid_slices_and_sweeps_build_their_commands(gpu_run):
-    _, calls, _ = gpu_run(
+    stdout, calls, _ = gpu_run(
         "fa-grid:64:both:100", "fa-grid:256:true:50", "sweep-mosaic:64,128:fwd", "sweep"
     )
+    assert stdout.count("fa-grid rc=0") == 2  # a slice's exit (124: its timeout) is shown
     both = _one(calls, "--suite fa", "--head-dims 64 ")
     assert "--causal" not in both and "--time-budget 100" in both
     assert "-abc1234-fa-64-both " in both and both.endswith("/fa-64-both.jsonl")
