@@ -77,11 +77,12 @@ def test_sweep_tiny_mosaic_runs_and_renders(tmp_path):
     assert all(r["check_ok"] and r["check_err"] < 1e-2 for r in rows)
     assert all(r["ms"] > 0 for r in rows if not r["error"])
     assert all(r["error"].startswith("below timing noise") for r in rows if r["error"])
-    # the default and its nearest candidate, as interpret mode runs them (P in shared memory)
+    # the default and its nearest candidate, as interpret mode runs them (P in shared memory;
+    # the early K wait, default at head dim 64)
     fwd = [r for r in rows if r["pass"] == "fwd"]
     assert {tuple(r["config"].values()) for r in fwd} == {
-        (64, 128, 2, True, False, False, False, False),
-        (64, 64, 2, True, False, False, False, False),
+        (64, 128, 2, True, False, False, True, False),
+        (64, 64, 2, True, False, False, True, False),
     }
     default_bwd = dataclasses.replace(
         configs.default_mosaic_bwd_config(64), operands_in_registers=False
