@@ -4,6 +4,10 @@ On a GPU machine every test marked `kernel` (the shared case table and the kerne
 properties) also gets the `gpu` marker, so `pytest -m gpu` runs them compiled; tests
 marked `gpu` alone need a GPU and are skipped, with that reason, on a CPU-only machine,
 where the `kernel` tests run in Pallas's interpret mode instead.
+
+Cases marked `full_table` are the rest of a table that interpret mode on CPU runs only
+a covering subset of (each factor value at least once): on a GPU they are marked `gpu`
+too, so `pytest -m gpu` runs the whole table compiled; on CPU they are skipped, saying so.
 """
 
 import os
@@ -22,8 +26,43 @@ ON_GPU = jax.default_backend() == "gpu"
 
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on the H200)")
+    skip_subset = pytest.mark.skip(
+        reason="the rest of a table that CPU interpret mode covers with a subset; "
+        "the whole table runs compiled on a GPU (`pytest -m gpu` on the H200)"
+    )
     for item in items:
-        if ON_GPU and "kernel" in item.keywords:
+        if ON_GPU and ("kernel" in item.keywords or "full_table" in item.keywords):
             item.add_marker(pytest.mark.gpu)
         elif not ON_GPU and "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+        elif not ON_GPU and "full_table" in item.keywords:
+            item.add_marker(skip_subset)
+
+
+# pytest -n: the work units xdist hands to a worker whole, beyond single tests. A module
+# whose tests share module-scoped fixtures (trained runs, generated data) runs on one
+# worker, which builds them once; the triton and blockwise tests of a case of the shared
+# table run together, computing the case's reference once (tests/util.py).
+WHOLE_MODULES = ("tests/test_train.py", "tests/test_classifier.py")
+
+
+def work_unit(nodeid: str) -> str:
+    path, _, name = nodeid.partition("::")
+    if path in WHOLE_MODULES:
+        return path
+    if path == "tests/test_numerics.py" and "_matches_reference[" in name:
+        return "reference of " + name.split("[", 1)[1]
+    return nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    # (xdist's own xdist_group marks would do, but they rename test ids through an
+    # attribute that pytest 9 no longer reads.)
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return Scheduling(config, log)

@@ -74,20 +74,31 @@ def _mosaic(case: Case, config: MosaicConfig | None, interpret, seed: int = 0, q
     )
 
 
-def _reference(case: Case, seed: int = 0, *, upcast: bool):
+def _references(case: Case, seed: int = 0):
+    """(float32 truth, naive in case.dtype): (o, lse) of reference.py each, in one jitted
+    program (eager, op by op, compiles each op of each new shape: slower on CPU)."""
     q, k, v, _ = case.inputs(seed)
     q_len, kv_len = _lengths(case)
-    return reference.attention(
-        q,
-        k,
-        v,
-        scale=case.head_dim**-0.5,
-        mask_spec=_spec(case),
-        query_seq_lengths=q_len,
-        key_value_seq_lengths=kv_len,
-        segment_ids=_segments(case),
-        upcast=upcast,
-    )
+    segments = _segments(case)
+
+    @jax.jit
+    def both(q, k, v, q_len, kv_len, segments):
+        return tuple(
+            reference.attention(
+                q,
+                k,
+                v,
+                scale=case.head_dim**-0.5,
+                mask_spec=_spec(case),
+                query_seq_lengths=q_len,
+                key_value_seq_lengths=kv_len,
+                segment_ids=segments,
+                upcast=upcast,
+            )
+            for upcast in (True, False)
+        )
+
+    return both(q, k, v, q_len, kv_len, segments)
 
 
 def _overlapped(config: MosaicConfig) -> MosaicConfig:
@@ -100,8 +111,7 @@ def _overlapped(config: MosaicConfig) -> MosaicConfig:
 
 def _compare(case: Case, config, interpret, seed: int = 0):
     o, lse = _mosaic(case, config, interpret, seed)
-    ref = _reference(case, seed, upcast=True)
-    naive = _reference(case, seed, upcast=False)
+    ref, naive = _references(case, seed)
     for name, got, r, n in zip(("o", "lse"), (o, lse), ref, naive):
         tolerance_check(f"mosaic {case.id} {name}", got, r, n, case.dtype)
 
@@ -111,7 +121,7 @@ def _compare(case: Case, config, interpret, seed: int = 0):
 INTERPRET_CASES = [
     Case(1, 130, 200, 4, 2, 64, BF16),
     Case(1, 100, 257, 2, 1, 128, F16, causal=True, bottom_right=True, kv_lens=(150,)),
-    Case(2, 97, 40, 4, 2, 64, BF16, causal=True, bottom_right=True),  # rows 0..56 see no key
+    Case(2, 97, 40, 2, 1, 64, BF16, causal=True, bottom_right=True),  # rows 0..56 see no key
     Case(2, 97, 97, 2, 1, 64, F16, q_lens=(0, 97), kv_lens=(97, 0)),  # empty batch elements
     Case(2, 150, 90, 2, 2, 64, BF16, causal=True, q_lens=(150, 61), kv_lens=(33, 90)),
     Case(1, 200, 200, 2, 2, 64, BF16, causal=True, window=(40, 3)),
@@ -175,7 +185,9 @@ def _config_id(c: MosaicConfig) -> str:
 
 @pytest.mark.parametrize("config", PIPELINES, ids=_config_id)
 def test_interpret_pipeline_configs(config):
-    _compare(Case(1, 200, 260, 2, 1, 64, F16, causal=True), config, interpret=True)
+    # One head: the config's pipeline runs per CTA (two row blocks, five K/V tiles, the
+    # diagonal skipping some); more heads would only add CTAs like them.
+    _compare(Case(1, 200, 260, 1, 1, 64, F16, causal=True), config, interpret=True)
 
 
 # intra_overlap's own loop (prologue, overlapped steps, epilogue) over the awkward cases

@@ -80,22 +80,6 @@ def _train(corpus, out, *extra, check=True, env=None):
         return proc, [json.loads(line) for line in f]
 
 
-def test_killed_run_resumes_with_no_lost_or_repeated_batch(corpus, tmp_path):
-    _, whole = _train(corpus, tmp_path / "whole")
-    killed, first = _train(corpus, tmp_path / "cut", "--kill-at", "5", check=False)
-    assert killed.returncode == 1 and max(r["step"] for r in first if "loss" in r) == 4
-    resumed, rows = _train(corpus, tmp_path / "cut")
-    assert "resumed from" in resumed.stdout and "at step 4" in resumed.stdout
-    after = [r for r in rows[len(first) :] if "loss" in r]
-    assert [r["step"] for r in after] == [4, 5]  # from the last checkpoint, to the end
-    by_step = {r["step"]: r for r in whole if "loss" in r}
-    for r in after:  # the very batches, and the very losses, of the uninterrupted run
-        assert r["batch_id"] == by_step[r["step"]]["batch_id"]
-        assert r["loss"] == by_step[r["step"]]["loss"]
-    final = lambda rs: [r for r in rs if r.get("final")][-1]["param_checksum"]  # noqa: E731
-    assert final(rows) == final(whole)
-
-
 def test_loss_falls_and_missing_data_names_the_command(corpus, tmp_path):
     _, rows = _train(corpus, tmp_path / "run", "--steps", "30", "--lr", "1e-2")
     losses = [r["loss"] for r in rows if "loss" in r]
@@ -115,7 +99,9 @@ RTOL = 1e-5
 @pytest.fixture(scope="module")
 def sharded_runs(tmp_path_factory):
     """(uninterrupted on 1 device; on a data 2 x seq 2 mesh of 4, killed after step 4 with
-    a checkpoint at 4; the same run resumed on 1 device), each as (process, rows)."""
+    a checkpoint at 4; the same run resumed on 1 device), each as (process, rows), and
+    the corpus and folder they ran in (pytest -n runs this module on one worker: see
+    conftest.py)."""
     tmp = tmp_path_factory.mktemp("sharded")
     corpus = _corpus(tmp / "data")
     whole = _train(corpus, tmp / "one", *SHARDED, env=_on_cpus(1))
@@ -123,7 +109,26 @@ def sharded_runs(tmp_path_factory):
     cut = _train(corpus, tmp / "cut", *SHARDED, *mesh, env=_on_cpus(4), check=False)
     assert cut[0].returncode == 1, cut[0].stdout[-2000:] + cut[0].stderr[-3000:]
     resumed = _train(corpus, tmp / "cut", *SHARDED, env=_on_cpus(1))
-    return whole, cut, resumed
+    return whole, cut, resumed, corpus, tmp
+
+
+def test_killed_run_resumes_with_no_lost_or_repeated_batch(sharded_runs):
+    """Killed on one device after step 5 (the last checkpoint at 4), resumed there: the
+    uninterrupted run on one device of sharded_runs, batch for batch and bit for bit."""
+    (_, whole), _, _, corpus, tmp = sharded_runs
+    one = _on_cpus(1)
+    killed, first = _train(corpus, tmp / "killed", *SHARDED, "--kill-at", "5", check=False, env=one)
+    assert killed.returncode == 1 and max(r["step"] for r in first if "loss" in r) == 4
+    resumed, rows = _train(corpus, tmp / "killed", *SHARDED, env=one)
+    assert "resumed from" in resumed.stdout and "at step 4" in resumed.stdout
+    after = [r for r in rows[len(first) :] if "loss" in r]
+    assert [r["step"] for r in after] == [4, 5]  # from the last checkpoint, to the end
+    by_step = {r["step"]: r for r in whole if "loss" in r}
+    for r in after:  # the very batches, and the very losses, of the uninterrupted run
+        assert r["batch_id"] == by_step[r["step"]]["batch_id"]
+        assert r["loss"] == by_step[r["step"]]["loss"]
+    final = lambda rs: [r for r in rs if r.get("final")][-1]["param_checksum"]  # noqa: E731
+    assert final(rows) == final(whole)
 
 
 def _by_step(rows, key):
@@ -131,7 +136,7 @@ def _by_step(rows, key):
 
 
 def test_data_and_sequence_parallel_match_one_device(sharded_runs):
-    (_, one), (proc, four), _ = sharded_runs
+    (_, one), (proc, four), *_ = sharded_runs
     assert "mesh data 2 x seq 2 (4 of 4 devices)" in proc.stdout
     for key in ("loss", "grad_norm", "val_loss", "batch_id"):
         got, want = _by_step(four, key), _by_step(one, key)
@@ -143,7 +148,7 @@ def test_data_and_sequence_parallel_match_one_device(sharded_runs):
 
 
 def test_checkpoint_of_four_devices_resumes_on_one(sharded_runs):
-    (_, one), (_, cut), (proc, rows) = sharded_runs
+    (_, one), (_, cut), (proc, rows), *_ = sharded_runs
     assert "resumed from" in proc.stdout and "at step 4" in proc.stdout
     assert "(1 of 1 devices)" in proc.stdout
     after = rows[len(cut) :]
@@ -160,7 +165,7 @@ def test_checkpoint_of_four_devices_resumes_on_one(sharded_runs):
 def test_report_sets_runs_side_by_side(sharded_runs):
     """models.report: evaluations per step, drift from the first run, steady rate; the
     killed-and-resumed run's clock restarts, so its rate covers the last stretch only."""
-    (_, one), _, (_, resumed) = sharded_runs
+    (_, one), _, (_, resumed), *_ = sharded_runs
     steps = [r for r in resumed if "loss" in r]
     restart = next(i for i in range(1, len(steps)) if steps[i]["step"] == 4)
     assert steps[restart]["train_seconds"] < steps[restart - 1]["train_seconds"]
@@ -179,7 +184,7 @@ def test_report_sets_runs_side_by_side(sharded_runs):
 def test_report_fits_steps_to_minutes(sharded_runs, tmp_path, capsys):
     """--fit-steps: the steps that MINUTES hold at the steady rate, 85 % of the time kept
     for steps; a run without a steady rate is an error, not a guess."""
-    (_, one), _, _ = sharded_runs
+    (_, one), *_ = sharded_runs
     path = tmp_path / "one.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in one))
     rate, _ = report.steady_rate(one, skip=2)
