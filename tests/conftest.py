@@ -61,6 +61,15 @@ def pytest_xdist_make_scheduler(config, log):
     # attribute that pytest 9 no longer reads.)
     from xdist.scheduler import LoadScopeScheduling
 
+    # _split_scope is xdist's private hook (3.8): if a release renames it, the override
+    # below would be dead and scheduling fall back to one module per worker, slowly and
+    # silently. Say so instead.
+    if not hasattr(LoadScopeScheduling, "_split_scope"):
+        raise pytest.UsageError(
+            "tests/conftest.py overrides xdist's LoadScopeScheduling._split_scope, which "
+            "this pytest-xdist lacks: update work_unit's scheduler"
+        )
+
     class Scheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
