@@ -28,7 +28,7 @@ import numpy as np
 
 import pallas_flash
 from benchmarks import suites
-from benchmarks.impls import IMPLS, Impl, reference_fn
+from benchmarks.impls import IMPLS, Impl, lookup, reference_fn
 
 CHECK_SEQ = 1024  # the reference is materialised at most at this length
 CHECK_TOL = 2e-2  # relative max error accepted in the pre-timing check (16-bit inputs)
@@ -295,9 +295,19 @@ def main(argv=None):
 
     suite = suites.SUITES[args.suite]
     names = args.impls.split(",") if args.impls else list(suite.impls)
-    unknown = [n for n in names if n not in IMPLS]
+    unknown = []
+    for n in names:
+        try:
+            lookup(n)
+        except KeyError:
+            unknown.append(n)
+        except ValueError as e:
+            parser.error(str(e))
     if unknown:
-        parser.error(f"unknown implementations {unknown}; known: {sorted(IMPLS)}")
+        parser.error(
+            f"unknown implementations {unknown}; known: {sorted(IMPLS)}, or "
+            "pallas_flash:mosaic/FIELD=VALUE/... (a Mosaic config variant)"
+        )
     run_id = args.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
     if args.isolate and len(names) > 1:
@@ -331,7 +341,7 @@ def main(argv=None):
         for name in names:
             run = s.seq_q <= args.max_run_seq
             for row in run_shape(
-                IMPLS[name], s, suite.passes, memory=suite.memory, run=run, checked=checked
+                lookup(name), s, suite.passes, memory=suite.memory, run=run, checked=checked
             ):
                 row = dict(run_id=run_id, suite=args.suite, **env, **row)
                 print(_summary(row), flush=True)

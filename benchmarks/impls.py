@@ -126,6 +126,60 @@ IMPLS: dict[str, Impl] = {
 }
 
 
+# pallas_flash:mosaic/FIELD=VALUE/...: the Mosaic kernels with some fields of the default
+# forward (MosaicConfig) or backward (MosaicBwdConfig) config replaced, so that a default
+# and a candidate time side by side in one process (the fields of the two are disjoint).
+VARIANT_BASE = "pallas_flash:mosaic"
+
+
+def _mosaic_variant(name: str) -> Impl:
+    fields = {
+        "fwd": {f.name: f.type for f in dataclasses.fields(mosaic_config.MosaicConfig)},
+        "bwd": {f.name: f.type for f in dataclasses.fields(mosaic_config.MosaicBwdConfig)},
+    }
+    overrides: dict[str, dict] = {"fwd": {}, "bwd": {}}
+    for item in name[len(VARIANT_BASE) + 1 :].split("/"):
+        key, sep, value = item.partition("=")
+        which = [w for w in fields if key in fields[w]]
+        if not sep or not which:
+            raise ValueError(
+                f"implementation {name!r}: {item!r} is not FIELD=VALUE with a field of "
+                f"MosaicConfig {sorted(fields['fwd'])} or MosaicBwdConfig {sorted(fields['bwd'])}"
+            )
+        if value not in ("true", "false") and not value.isdigit():
+            raise ValueError(
+                f"implementation {name!r}: {key}={value!r} is not true, false or an int"
+            )
+        overrides[which[0]][key] = int(value) if value.isdigit() else value == "true"
+
+    def fn(q, k, v, *, causal, **extra):
+        h = q.shape[-1]
+        fwd = dataclasses.replace(mosaic_config.default_mosaic_config(h), **overrides["fwd"])
+        bwd = dataclasses.replace(mosaic_config.default_mosaic_bwd_config(h), **overrides["bwd"])
+        return pallas_flash.flash_attention(
+            q,
+            k,
+            v,
+            is_causal=causal,
+            implementation="mosaic",
+            config=fwd,
+            backward_config=bwd,
+            **extra,
+        )
+
+    return Impl(name, fn, ours=True)
+
+
+def lookup(name: str) -> Impl:
+    """The implementation called `name`: an entry of IMPLS, or a Mosaic config variant
+    (`pallas_flash:mosaic/block_q_dkv=128/num_stages_dkv=3`). KeyError if neither."""
+    if name in IMPLS:
+        return IMPLS[name]
+    if name.startswith(VARIANT_BASE + "/"):
+        return _mosaic_variant(name)
+    raise KeyError(name)
+
+
 def reference_fn(unscaled: bool):
     """The float32 oracle with the scale the implementation uses."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import jax.numpy as jnp
 import pytest
 
 from benchmarks import anchors, bench, render
@@ -286,3 +287,28 @@ def test_isolated_processes_get_every_filter():
     assert pairs["--impls"] == "jax.nn:cudnn" and pairs["--causal"] == "true"
     assert pairs["--seqs"] == "1024,4096" and pairs["--time-budget"] == "30.0"
     assert "--masks" not in pairs and "--tiny" not in got
+
+
+def test_mosaic_config_variants_are_named_by_their_fields(monkeypatch):
+    from benchmarks import impls
+
+    v = impls.lookup("pallas_flash:mosaic/block_q_dkv=64/num_stages_dkv=2/early_k_wait=false")
+    assert v.ours and v.name.endswith("early_k_wait=false")
+    seen = {}
+
+    def fake(q, k, v, **kw):
+        seen.update(kw)
+        return q
+
+    monkeypatch.setattr(impls.pallas_flash, "flash_attention", fake)
+    q = jnp.zeros((1, 8, 2, 64), jnp.bfloat16)
+    v.fn(q, q, q, causal=True)
+    assert seen["config"].early_k_wait is False and seen["config"].block_kv == 128
+    assert (seen["backward_config"].block_q_dkv, seen["backward_config"].num_stages_dkv) == (64, 2)
+    assert impls.lookup("jax.nn:cudnn") is impls.IMPLS["jax.nn:cudnn"]
+    with pytest.raises(KeyError):
+        impls.lookup("pallas_flash:nope")
+    with pytest.raises(ValueError, match="block_size=64"):
+        impls.lookup("pallas_flash:mosaic/block_size=64")
+    with pytest.raises(SystemExit):  # the CLI names the bad field before running anything
+        bench.main(["--suite", "quick", "--impls", "pallas_flash:mosaic/num_stages=x"])
