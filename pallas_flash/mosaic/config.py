@@ -6,11 +6,12 @@ Default-config table (16-bit inputs; head dim padded up to a multiple of 64):
 
 | head dim (padded) | rows per warpgroup x block_kv | stages | shared memory (bytes) |
 |-------------------|-------------------------------|--------|-----------------------|
-| 64                | 64 x 128, early K wait        | 2      | 85,080                |
+| 64                | 64 x 256, early K wait        | 2      | 151,128 (bound)       |
 | 128               | 64 x 128, early K wait        | 2      | 167,000               |
 | 192, 256          | 64 x 64                       | 2      | 150,616, 199,768      |
 
-(Shared memory as Mosaic GPU's lowering reports it, with P in registers.)
+(Shared memory as Mosaic GPU's lowering reports it, with P in registers; "bound":
+`smem_bytes`' upper bound, for rows not yet read off a lowering.)
 
 Evidence: the forward sweep on the H200 (`python -m benchmarks.sweep --family mosaic`,
 gpu_run.sh step `sweep-mosaic:HD:fwd`; B=2, T=S=8k, bf16; TFLOP/s non-causal / causal;
@@ -24,7 +25,14 @@ gpu_run.sh step `sweep-mosaic:HD:fwd`; B=2, T=S=8k, bf16; TFLOP/s non-causal / c
   KiB of shared memory, so those were not compiled.
 - Head dim 64 (`sweep-mosaic-64-fwd-c6719a0.jsonl`, 13 candidates, the new default
   first): with the early K wait 437 / 419, without 417 / 400 (1.05x / 1.05x); block_kv
-  64 369 / 358; three stages 433 / 419; block_kv 192 435 non-causal.
+  64 369 / 358; three stages 433 / 419; block_kv 192 435 non-causal. Then
+  (`sweep-mosaic-64-fwd-06da646.jsonl`, the 70 candidates nearest that default in
+  170 s): 256-key tiles 466 / 453 against its 438 / 422 (1.06x / 1.07x), the default
+  since e5ca198; block_kv 192 431 / 391, 128 rows per warpgroup at most 444 / 388,
+  three or four stages 434-437 / 416-423, rescale_before_turn 440 / 418. In the fa
+  suite beside the peers (`results/mosaic-e5ca198/fa-mosaic-64-*.jsonl`) it runs
+  0.98-1.04x the best peer non-causal and 0.88-1.08x causal from 2k (0.87x and 0.75x
+  at 1k), where 128-key tiles had 0.85-0.92x and 0.85-0.96x (`fa-a8d81d9/`).
 - Head dims 192 and 256: not swept yet (the defaults without the early wait).
 Starting points came from JAX's own Mosaic FA3
 (`jax/experimental/pallas/ops/gpu/attention_mgpu.py`), whose benchmark keeps 64 query
@@ -39,7 +47,7 @@ and a TMA producer; shared memory from `smem_bytes_*`, operands in registers):
 
 | head dim | dK/dV: key tiles, rows per Q tile, stages | dQ: query tiles, K/V tile keys, stages    |
 |----------|-------------------------------------------|-------------------------------------------|
-| 64       | 2 x 64, 64, 2: 67,640 bytes               | 2 x 64, 64, 2: 67,664 bytes               |
+| 64       | 2 x 64, 128, 3: 137,304 (bound)           | 2 x 64, 64, 2: 67,664 bytes               |
 | 128      | 2 x 64, 64, 2: 133,176 bytes              | 2 x 64, 64, 2: 133,200 bytes              |
 | 192      | 1 x 64 (dV / dK split), 64, 2: 149,568    | 1 x 64, 64, 2: 149,576 bytes              |
 | 256      | 1 x 64 (dV / dK split), 64, 2: 198,720    | 1 x 64, 64, 2: 198,728 bytes              |
@@ -47,11 +55,18 @@ and a TMA producer; shared memory from `smem_bytes_*`, operands in registers):
 (Shared memory as Mosaic GPU's lowering reports it, operands in registers; staged
 through shared memory, each kernel adds warpgroups x 64 x 64 x 2 bytes.)
 
-Evidence: the defaults only (H200, head dim 128, non-causal: backward 417-470 TFLOP/s
-from seq 2k, 0.87-0.94x cuDNN in the same run, `fa-mosaic-fa74dc8.jsonl`); chosen by
-register and shared-memory arithmetic. A dK/dV warpgroup holds two float32
-accumulators of block_kv x head dim (2 * 64 * 128 / 128 threads = 128 registers at head
-dim 128) plus S^T and dP^T
+Evidence: at head dim 64, the backward sweep of 12-01 (B=2, T=S=8k; its file was lost
+with the device's output) found 128-row Q tiles through three slots in the dK/dV kernel
+at 374 / 357 TFLOP/s (full / causal) against 349 / 342 for the old 64-row, two-slot
+default; side by side in one process at 06da646
+(`results/mosaic-e5ca198/fa-mosaic-bwd64-ab-06da646.jsonl`, impl
+`pallas_flash:mosaic/block_q_dkv=64/num_stages_dkv=2` for the old one) it ran 1.05x /
+1.08x non-causal at 2k / 16k and 1.02x / 1.06x causal. The same sweep at head dim 128
+found nothing beyond noise (at most 1.02x). Otherwise the defaults only (H200, head dim
+128, non-causal: backward 417-470 TFLOP/s from seq 2k, 0.87-0.94x cuDNN in the same run,
+`fa-mosaic-fa74dc8.jsonl`); chosen by register and shared-memory arithmetic. A dK/dV
+warpgroup holds two float32 accumulators of block_kv x head dim (2 * 64 * 128 / 128
+threads = 128 registers at head dim 128) plus S^T and dP^T
 (block_kv x block_q, 32 registers each at 64 x 64); at head dim 192 and 256 the two
 accumulators would need 192 and 256 registers, so there the two warpgroups share one
 key tile and split the work, one accumulating dV and the other dK (FA3 splits the head
@@ -289,7 +304,7 @@ def default_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
     if hp == 64:
         # Sweep at 12-01 (B=2, T=S=8k, bf16): 128-row Q tiles through 3 slots in the
         # dK/dV kernel ran 374 / 357 TFLOP/s (full / causal) against 349 / 342 for 64-row
-        # tiles through 2 (1.07x / 1.04x); see the README's default-config table.
+        # tiles through 2 (1.07x / 1.04x); the module docstring has the side-by-side run.
         return MosaicBwdConfig(block_q_dkv=128, num_stages_dkv=3)
     if hp <= 128:
         return MosaicBwdConfig()
