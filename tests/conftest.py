@@ -10,12 +10,33 @@ a covering subset of (each factor value at least once): on a GPU they are marked
 too, so `pytest -m gpu` runs the whole table compiled; on CPU they are skipped, saying so.
 """
 
+import importlib.metadata
 import os
+
+
+def _gpu_plugin_installed() -> bool:
+    """Whether JAX may find a GPU here: a CUDA or ROCm plugin is installed. Asked before
+    JAX starts its backends, which is too late to change XLA_FLAGS."""
+    names = (d.metadata["Name"] or "" for d in importlib.metadata.distributions())
+    return any(n.lower().replace("_", "-").startswith(("jax-cuda", "jax-rocm")) for n in names)
+
 
 # Ring attention runs on several devices: on CPU, 8 host devices. The flag must be set
 # before JAX initialises its backends, and is appended: the GPU run sets XLA_FLAGS too.
+# On a CPU-only machine, XLA's LLVM backend also optimizes at -O1, not -O2: interpret
+# mode's tests are many compiles of programs that then run once on tiny shapes, and
+# compiling takes most of their time (-O1 cuts it by about a third; the trainer
+# subprocesses inherit the flag). Not -O0: there the float32 reference's gradients with
+# a bias turn inf (tests/test_numerics.py's bias cases fail). Never on a GPU machine,
+# where the flag would reach the compiled kernels too.
 os.environ["XLA_FLAGS"] = " ".join(
-    f for f in (os.environ.get("XLA_FLAGS"), "--xla_force_host_platform_device_count=8") if f
+    f
+    for f in (
+        os.environ.get("XLA_FLAGS"),
+        "--xla_force_host_platform_device_count=8",
+        None if _gpu_plugin_installed() else "--xla_backend_optimization_level=1",
+    )
+    if f
 )
 
 import jax  # noqa: E402

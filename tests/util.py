@@ -10,17 +10,35 @@ import jax.numpy as jnp
 from pallas_flash import dropout, flash_attention, masks, reference
 from tests.cases import Case
 
+# The arguments of flash_attention that Case.kwargs gives as arrays (the rest are static).
+_ARRAY_KWARGS = (
+    "query_seq_lengths",
+    "key_value_seq_lengths",
+    "segment_ids",
+    "dropout_rng",
+    "mask",
+)
+
 
 def run_impl(case: Case, impl: str, seed: int = 0, **extra):
-    """(o, lse [B, N, T], dq, dk, dv) of `impl`, with random cotangents for o and lse."""
+    """(o, lse [B, N, T], dq, dk, dv) of `impl`, with random cotangents for o and lse.
+
+    Forward and backward in one jitted program: eager, every op around the kernels
+    compiles on its own for each new shape, which on CPU (interpret mode) costs more
+    than the program. The inputs are made eagerly, as run_references makes them."""
     q, k, v, do = case.inputs(seed)
     dlse = _lse_cotangent(case, seed)
     bias = case.bias_array(seed)
+    kw = case.kwargs()
+    arrays = {name: kw.pop(name) for name in _ARRAY_KWARGS}
+    static = tuple(sorted((kw | extra | dict(implementation=impl)).items()))
+    return _run_impl(static, q, k, v, do, dlse, bias, arrays)
 
+
+@functools.partial(jax.jit, static_argnums=0)
+def _run_impl(static, q, k, v, do, dlse, bias, arrays):
     def f(q, k, v, *bias):
-        o, lse = flash_attention(
-            q, k, v, *bias, implementation=impl, return_residual=True, **case.kwargs(), **extra
-        )
+        o, lse = flash_attention(q, k, v, *bias, return_residual=True, **dict(static), **arrays)
         return o, jnp.swapaxes(lse, 1, 2)
 
     args = (q, k, v) if bias is None else (q, k, v, bias)
