@@ -24,9 +24,15 @@ def _inputs(B, T, S, N, K, H, dtype, seed=0):
 
 
 def _run(impl, q, k, v, do, **kw):
-    f = lambda q, k, v: flash_attention(q, k, v, implementation=impl, **kw)  # noqa: E731
-    out, vjp = jax.vjp(f, q, k, v)
-    return (out, *vjp(do))
+    """Output and gradients in one jitted program (eager, each op would compile apart)."""
+
+    @jax.jit
+    def run(q, k, v, do):
+        f = lambda q, k, v: flash_attention(q, k, v, implementation=impl, **kw)  # noqa: E731
+        out, vjp = jax.vjp(f, q, k, v)
+        return (out, *vjp(do))
+
+    return run(q, k, v, do)
 
 
 LAYOUT = sparsity.union(sparsity.local(7, 5, 1), sparsity.global_(7, 5, 1))
