@@ -77,6 +77,7 @@ MOSAIC_FWD_SPACE = dict(
     rescale_before_turn=(False, True),
     early_k_wait=(False, True),
     intra_overlap=(False, True),  # a schedule of its own: not with the two flags above
+    persistent=(False, True),  # not with intra_overlap
 )
 # The backward's two kernels, each varied with the other at its default.
 MOSAIC_DKV_SPACE = dict(
@@ -204,6 +205,7 @@ def _axes(c) -> tuple:
             int(c.rescale_before_turn),
             int(c.early_k_wait),
             int(c.intra_overlap),
+            int(c.persistent),
         )
     if isinstance(c, configs.MosaicBwdConfig):
         return (

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax.numpy as jnp
 import pytest
 
 from benchmarks import anchors, bench, render
+from pallas_flash.mosaic import config as mosaic_config
 
 KEYS = {
     "run_id",
@@ -303,7 +305,8 @@ def test_mosaic_config_variants_are_named_by_their_fields(monkeypatch):
     monkeypatch.setattr(impls.pallas_flash, "flash_attention", fake)
     q = jnp.zeros((1, 8, 2, 64), jnp.bfloat16)
     v.fn(q, q, q, causal=True)
-    assert seen["config"].early_k_wait is False and seen["config"].block_kv == 128
+    default = mosaic_config.default_mosaic_config(64)
+    assert seen["config"] == dataclasses.replace(default, early_k_wait=False)
     assert (seen["backward_config"].block_q_dkv, seen["backward_config"].num_stages_dkv) == (64, 2)
     assert impls.lookup("jax.nn:cudnn") is impls.IMPLS["jax.nn:cudnn"]
     with pytest.raises(KeyError):

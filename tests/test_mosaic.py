@@ -228,16 +228,19 @@ def test_interpret_never_reads_skipped_tiles():
     chex.assert_trees_all_equal(out, _mosaic(case, SMALL, interpret=True, qkv=(q, k_bad, v_bad)))
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["", "overlap"])
-def test_interpret_finds_no_data_race(overlap):
+@pytest.mark.parametrize("schedule", ["", "overlap", "persistent"])
+def test_interpret_finds_no_data_race(schedule):
     """The interpreter's happens-before race detector over the shared buffers (Q/O, P,
     the logsumexp and the K/V ring; its wgmma operand reads are not instrumented). With
-    intra_overlap, tile j's P is written while tile j - 1's P V may still read its own."""
+    intra_overlap, tile j's P is written while tile j - 1's P V may still read its own;
+    persistent, a CTA's next Q loads while its last O and logsumexp are stored, and the
+    ring runs on from one work item to the next (4 items on 3 CTAs)."""
     from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks  # no public accessor
 
     params = plgpu.InterpretGPUParams(detect_races=True)
     case = Case(1, 130, 300, 2, 1, 64, BF16, causal=True)
-    config = MosaicConfig(block_q=64, block_kv=64, num_stages=2, intra_overlap=overlap)
+    flags = {"": {}, "overlap": {"intra_overlap": True}, "persistent": {"persistent": True}}
+    config = MosaicConfig(block_q=64, block_kv=64, num_stages=2, **flags[schedule])
     _compare(case, config, interpret=params)
     assert not gpu_callbacks.get_races().races_found
 
@@ -316,6 +319,22 @@ def test_unsupported_features_raise(dtype, kwargs, match):
         )
 
 
+# Persistent CTAs (3 in interpret mode) over several work items each, the ring and the
+# ping-pong running on from item to item: causal GQA with ragged lengths (8 items), empty
+# batch elements (items with no key tile), unsorted segment ids (every tile masked, the
+# ids prefetched with the next Q).
+PERSISTENT_CASES = [INTERPRET_CASES[i] for i in (4, 3, 11)]
+
+
+@pytest.mark.parametrize("case", PERSISTENT_CASES, ids=lambda c: c.id)
+def test_interpret_persistent_equals_one_cta_per_item(case):
+    """Each work item's arithmetic is the same in both grids, so the outputs are equal
+    bit for bit (and the one-CTA-per-item kernel is checked against the reference)."""
+    one = _mosaic(case, SMALL, interpret=True, seed=1)
+    persistent = _mosaic(case, dataclasses.replace(SMALL, persistent=True), True, seed=1)
+    chex.assert_trees_all_equal(one, persistent)
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="block_q"):
         MosaicConfig(block_q=32)
@@ -326,6 +345,8 @@ def test_config_validation():
     for flag in ("rescale_before_turn", "early_k_wait"):
         with pytest.raises(ValueError, match="intra_overlap .* neither"):
             MosaicConfig(intra_overlap=True, **{flag: True})
+    with pytest.raises(ValueError, match="not with persistent"):
+        MosaicConfig(intra_overlap=True, persistent=True)
     q = jnp.ones((1, 8, 1, 256), BF16)
     lens = jnp.full((1,), 8, jnp.int32)
     too_big = MosaicConfig(block_kv=256, num_stages=2)
@@ -347,13 +368,19 @@ LOWERINGS = {
 
 
 @pytest.mark.parametrize(
-    "p_in_registers,rescale_early,overlap",
-    [(True, False, False), (False, False, False), (True, True, False), (True, False, True)],
-    ids=["p-regs", "p-smem", "p-regs-early", "p-regs-overlap"],
+    "p_in_registers,rescale_early,overlap,persistent",
+    [
+        (True, False, False, False),
+        (False, False, False, False),
+        (True, True, False, False),
+        (True, False, True, False),
+        (True, True, False, True),
+    ],
+    ids=["p-regs", "p-smem", "p-regs-early", "p-regs-overlap", "p-regs-early-persistent"],
 )
 @pytest.mark.parametrize("head_dim,dtype,spec", LOWERINGS.values(), ids=LOWERINGS.keys())
 def test_compiled_kernel_lowers_for_hopper(
-    head_dim, dtype, spec, p_in_registers, rescale_early, overlap
+    head_dim, dtype, spec, p_in_registers, rescale_early, overlap, persistent
 ):
     """Lowering for CUDA runs on CPU: Pallas to the Mosaic GPU dialect, its layout
     inference for sm_90, the lowering of that dialect and the shared-memory check. What
@@ -364,6 +391,7 @@ def test_compiled_kernel_lowers_for_hopper(
         rescale_before_turn=rescale_early,
         early_k_wait=rescale_early,
         intra_overlap=overlap,
+        persistent=persistent,
     )
 
     def f(q, k, v, q_len, kv_len):
@@ -374,18 +402,25 @@ def test_compiled_kernel_lowers_for_hopper(
     q = jax.ShapeDtypeStruct((2, 300, 4, head_dim), dtype)
     kv = jax.ShapeDtypeStruct((2, 257, 2, head_dim), dtype)
     lens = jax.ShapeDtypeStruct((2,), jnp.int32)
+    if persistent and head_dim == 256:  # Q, O and the K/V ring of 64-key tiles: too big
+        with pytest.raises(ValueError, match="bytes of shared memory at head dim 256"):
+            jax.jit(f).trace(q, kv, kv, lens, lens)
+        return
     lowered = jax.jit(f).trace(q, kv, kv, lens, lens).lower(lowering_platforms=("cuda",))
     assert "mosaic_gpu" in lowered.as_text()
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["", "overlap"])
+@pytest.mark.parametrize("schedule", ["", "overlap", "persistent"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_compiled_kernel_with_segment_ids_lowers_for_hopper(head_dim, overlap):
+def test_compiled_kernel_with_segment_ids_lowers_for_hopper(head_dim, schedule):
     """Segment ids on the compiled path (P in registers): their TMA copies, barriers and
     row/column layouts lower for sm_90."""
     spec = masks.MaskSpec(causal=True, segments=True)
     config = default_mosaic_config(head_dim)
-    config = _overlapped(config) if overlap else config
+    if schedule == "overlap":
+        config = _overlapped(config)
+    elif schedule == "persistent":
+        config = dataclasses.replace(config, persistent=True)
 
     def f(q, k, v, q_len, kv_len, q_seg, kv_seg):
         return mosaic_forward.forward(
@@ -450,6 +485,15 @@ def test_gpu_matches_reference(case, p_in_registers):
 def test_gpu_intra_overlap_matches_reference(case):
     """intra_overlap compiled (P in registers, as it would run) over the whole table."""
     config = _overlapped(default_mosaic_config(case.head_dim))
+    _compare(case, config, interpret=False, seed=hash(case.id) % 1000)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [c for c in GPU_CASES if c.head_dim <= 192], ids=lambda c: c.id)
+def test_gpu_persistent_matches_reference(case):
+    """The persistent grid compiled (P in registers, as it would run) over the table, up
+    to head dim 192 (at 256 its O buffer does not fit beside the ring)."""
+    config = dataclasses.replace(default_mosaic_config(case.head_dim), persistent=True)
     _compare(case, config, interpret=False, seed=hash(case.id) % 1000)
 
 

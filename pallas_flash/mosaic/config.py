@@ -136,6 +136,14 @@ class MosaicConfig:
       head dim 128). It holds a second score tile's worth of registers. A schedule of
       its own: not with rescale_before_turn or early_k_wait. Off: measured slower at head
       dim 128 (463 / 450 TFLOP/s against the old default's 555 / 553; module docstring).
+    persistent: one CTA per SM (at most), each walking a strided share of the (head,
+      query tile, batch) work items, so that the producer streams the next item's K/V
+      tiles while the consumers finish this one, and a consumer's next Q tile loads
+      while it writes this one's O (from an O buffer of its own): the per-CTA prologue
+      and epilogue that a grid of one CTA per item exposes on each SM (the kernel fills
+      the SM's registers, so no second CTA hides them) overlap the neighbouring items'
+      work (FA3's persistent kernel). Causal items run longest first. Not with
+      intra_overlap; at head dim 256 the O buffer does not fit beside the K/V ring.
     """
 
     block_q: int = 64
@@ -146,6 +154,7 @@ class MosaicConfig:
     rescale_before_turn: bool = False
     early_k_wait: bool = False
     intra_overlap: bool = False
+    persistent: bool = False
 
     def __post_init__(self):
         if self.block_q % 64 or self.block_q < 64:
@@ -159,11 +168,15 @@ class MosaicConfig:
                 "intra_overlap is a schedule of its own: it takes neither "
                 "rescale_before_turn nor early_k_wait"
             )
+        if self.intra_overlap and self.persistent:
+            raise ValueError("intra_overlap is a schedule of its own: not with persistent")
 
     def smem_bytes(self, head_dim: int, itemsize: int = 2) -> int:
         """Shared memory the forward kernel allocates at this (padded) head dim (an upper
         bound: Mosaic GPU reports up to 1 KiB less)."""
         q_o = NUM_CONSUMERS * self.block_q * head_dim * itemsize
+        if self.persistent:  # O has a buffer of its own, so the next Q loads beside it
+            q_o *= 2
         kv = 2 * self.num_stages * self.block_kv * head_dim * itemsize
         p_tile = NUM_CONSUMERS * self.block_q * self.block_kv * itemsize
         # P staged in shared memory: two buffers when the next softmax overlaps a P V.

@@ -149,27 +149,31 @@ def _online_softmax(s, m_i, l_i, c: float, keep):
     return p, m_new, l_i, alpha
 
 
-def stream_kv_tiles(refs, smem, barriers, *, b, kv_head, lo, hi, block_kv: int):
+def stream_kv_tiles(
+    refs, smem, barriers, *, b, kv_head, lo, hi, block_kv: int, base=0, drain: bool = True
+):
     """The producer warpgroup of the forward and dQ kernels: key/value tiles lo .. hi - 1
     of (b, kv_head) into a ring of shared-memory slots by TMA, each with its key ids when
-    the call has segment ids, then a wait for the consumers to release the last ones.
+    the call has segment ids, then (`drain`) a wait for the consumers to release the
+    last ones. Returns the ring position after these tiles.
 
-    `refs` (K, V, key ids or None) in HBM, `smem` their rings (tile j in slot
-    (j - lo) % stages), `barriers` (k_ready, v_ready, k_free, v_free) per slot.
+    `refs` (K, V, key ids or None) in HBM, `smem` their rings, `barriers` (k_ready,
+    v_ready, k_free, v_free) per slot. `base`: tiles this CTA streamed before (a
+    persistent kernel's earlier work items); tile j goes to ring position
+    base + j - lo, slot (base + j - lo) % stages.
     """
     k_ref, v_ref, kv_seg_ref = refs
     k_smem, v_smem, kv_seg_smem = smem
     k_ready, v_ready, k_free, v_free = barriers
     stages = k_smem.shape[0]
 
-    def slot_of(j):
-        return lax.rem(j - lo, jnp.int32(stages))
-
     def load(j, _):
-        slot = slot_of(j)
+        pos = base + j - lo
+        slot = lax.rem(pos, jnp.int32(stages))
         rows = pl.ds(j * block_kv, block_kv)
-        # The slot held tile j - stages: overwrite it once every consumer is done.
-        reuse = j - lo >= stages
+        # The slot held the tile of position pos - stages: overwrite it once every
+        # consumer is done.
+        reuse = pos >= stages
 
         @pl.when(reuse)
         def _():
@@ -186,16 +190,23 @@ def stream_kv_tiles(refs, smem, barriers, *, b, kv_head, lo, hi, block_kv: int):
         plgpu.copy_gmem_to_smem(v_ref.at[b, rows, kv_head], v_smem.at[slot], v_ready.at[slot])
 
     lax.fori_loop(lo, hi, load, None)
+    end = base + jnp.maximum(hi - lo, 0)
+    if drain:
+        drain_ring((k_free, v_free), end, stages)
+    return end
 
-    def drain(j, _):
-        slot = slot_of(j)
-        plgpu.barrier_wait(k_free.at[slot])
-        plgpu.barrier_wait(v_free.at[slot])
 
-    # Wait for the consumers to release the last tiles too: the shared memory must not
-    # be released under them, and a barrier should end with every phase seen (GPU
-    # interpret mode checks this at deallocation).
-    lax.fori_loop(jnp.maximum(lo, hi - stages), hi, drain, None)
+def drain_ring(free, end, stages: int):
+    """Waits for the consumers to release the ring's last tiles (positions up to `end`):
+    the shared memory must not be released under them, and a barrier should end with
+    every phase seen (GPU interpret mode checks this at deallocation)."""
+
+    def wait(pos, _):
+        slot = lax.rem(pos, jnp.int32(stages))
+        for barrier in free:
+            plgpu.barrier_wait(barrier.at[slot])
+
+    lax.fori_loop(jnp.maximum(0, end - stages), end, wait, None)
 
 
 _ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per row of a wgmma accumulator
@@ -223,302 +234,375 @@ def _kernel(
     k_free,
     v_free,
     turns,
+    o_smem,
     spec: masks.MaskSpec,
     scale: float,
     config: MosaicConfig,
     num_q_tiles: int,
     group: int,
+    heads: int,
+    batch: int,
+    num_ctas: int,
 ):
     # With segment ids, their [B, T] and [B, S] arrays come before the outputs.
     q_seg_ref, kv_seg_ref, o_ref, lse_ref = refs if len(refs) == 4 else (None, None, *refs)
     block_q, block_kv, stages = config.block_q, config.block_kv, config.num_stages
     head_dim = qo_smem.shape[-1]
     dtype = qo_smem.dtype
-    b = lax.axis_index("batch")
-    h = lax.axis_index("heads")
-    tile = lax.axis_index("q_tiles")
-    if spec.causal:
-        # Causal tiles near the bottom do the most work: launch them first so the
-        # last wave of CTAs is short ones.
-        tile = num_q_tiles - 1 - tile
     wg = lax.axis_index("wg")
-    lo, full_lo, full_hi, hi = (ranges_ref[b, tile, c] for c in range(4))
+    num_items = heads * num_q_tiles * batch
 
-    def slot_of(j):  # key tile j lives in ring slot (j - lo) % stages
-        return lax.rem(j - lo, jnp.int32(stages))
+    def item_at(i):
+        """(batch, head, query tile) of this CTA's work item i. Causal tiles near the
+        bottom do the most work: they come first, so that the last ones are short."""
+        if not config.persistent:  # one item per CTA: its grid position
+            b, h, t = (lax.axis_index(name) for name in ("batch", "heads", "q_tiles"))
+        else:  # items cta, cta + num_ctas, ...
+            w = lax.axis_index("cta") + i * num_ctas
+            if spec.causal:  # tile-major: every (batch, head)'s bottom tile first
+                t, rest = lax.div(w, heads * batch), lax.rem(w, heads * batch)
+                h, b = lax.div(rest, batch), lax.rem(rest, batch)
+            else:  # one (batch, head)'s tiles together: they share K and V in L2
+                rest, t = lax.div(w, num_q_tiles), lax.rem(w, num_q_tiles)
+                b, h = lax.div(rest, heads), lax.rem(rest, heads)
+        return b, h, (num_q_tiles - 1 - t) if spec.causal else t
+
+    def item_count():  # this CTA's work items
+        if not config.persistent:
+            return 1
+        cta = lax.axis_index("cta")
+        return lax.div(num_items - cta + num_ctas - 1, jnp.int32(num_ctas))
+
+    def run_items(fn):
+        """fn(i, base) over this CTA's items, base threading the ring position."""
+        if not config.persistent:
+            return fn(0, 0)
+        return lax.fori_loop(0, item_count(), fn, jnp.int32(0))
 
     @pl.when(wg == _PRODUCER)
     def _producer():
         plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
-        kv_head = lax.div(h, jnp.int32(group))
-        stream_kv_tiles(
-            (k_ref, v_ref, kv_seg_ref),
-            (k_smem, v_smem, kv_seg_smem),
-            (k_ready, v_ready, k_free, v_free),
-            b=b,
-            kv_head=kv_head,
-            lo=lo,
-            hi=hi,
-            block_kv=block_kv,
-        )
+
+        def produce(i, base):
+            b, h, tile = item_at(i)
+            return stream_kv_tiles(
+                (k_ref, v_ref, kv_seg_ref),
+                (k_smem, v_smem, kv_seg_smem),
+                (k_ready, v_ready, k_free, v_free),
+                b=b,
+                kv_head=lax.div(h, jnp.int32(group)),
+                lo=ranges_ref[b, tile, 0],
+                hi=ranges_ref[b, tile, 3],
+                block_kv=block_kv,
+                base=base,
+                drain=False,
+            )
+
+        drain_ring((k_free, v_free), run_items(produce), stages)
 
     @pl.when(wg < _PRODUCER)
     def _consumer():
         plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
-        q0 = (tile * NUM_CONSUMERS + wg) * block_q
-        q_smem = qo_smem.at[wg]
-        plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q0, block_q), h], q_smem, q_ready.at[wg])
-        if q_seg_ref is not None:  # the rows' segment ids travel with Q
+
+        def load_q(i):  # item i's Q rows of this consumer (and their segment ids)
+            b, h, tile = item_at(i)
+            q0 = (tile * NUM_CONSUMERS + wg) * block_q
             plgpu.copy_gmem_to_smem(
-                q_seg_ref.at[b, pl.ds(q0, block_q)], q_seg_smem.at[wg], q_ready.at[wg]
+                q_ref.at[b, pl.ds(q0, block_q), h], qo_smem.at[wg], q_ready.at[wg]
             )
-        q_len = q_len_ref[b]
-        kv_len = kv_len_ref[b]
-        # Top-left alignment: the literal 0, not a traced zero, which `pl.run_state`
-        # (intra_overlap) cannot close over in Mosaic GPU's lowering.
-        diag = masks.offset(spec, q_len, kv_len) if spec.uses_offset else 0
-        c = scale * LOG2E  # base-2 scores: log2(e) folded into the scale
-
-        def take_turn():  # meet the other consumer (the ping-pong barrier alternates)
-            if turns is not None:
-                plgpu.barrier_arrive(turns)
-                plgpu.barrier_wait(turns)
-
-        def wait_next_k(j):  # early_k_wait: K of tile j + 1, while tile j's P V runs
-            @pl.when(j + 1 < hi)
-            def _():
-                plgpu.barrier_wait(k_ready.at[slot_of(j + 1)])
-
-        def release_k(j, slot, shape, masked: bool):
-            """Frees K slot `slot` (tile j's scores are in registers) and returns tile j's
-            element mask, or None for a tile every row sees in full. A boundary tile's
-            key segment ids are read first: they share the slot's barriers."""
-            segs = None
-            if masked and q_seg_ref is not None:
-                segs = (
-                    lax.broadcast_in_dim(q_segs, shape, [0]),
-                    lax.broadcast_in_dim(plgpu.load(kv_seg_smem.at[slot], layout=_COL), shape, [1]),
+            if q_seg_ref is not None:  # the rows' segment ids travel with Q
+                plgpu.copy_gmem_to_smem(
+                    q_seg_ref.at[b, pl.ds(q0, block_q)], q_seg_smem.at[wg], q_ready.at[wg]
                 )
-            plgpu.barrier_arrive(k_free.at[slot])
-            if not masked:
-                return None
-            rows = q0 + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
-            cols = j * block_kv + plgpu.broadcasted_iota(
-                jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA
-            )  # [block_q, block_kv] each
-            return masks.tile_mask(spec, rows, cols, kv_len, diag, segs)
 
-        def qk_scores(slot):  # Q K^T of the K tile in `slot` [block_q, block_kv], awaited
-            def qk(s_ref):
-                plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
-                take_turn()  # ours are issued: the other consumer may issue its own
-                return s_ref[...]  # waits for this wgmma
+        load_q(0)
+        count = item_count()
 
-            return pl.run_scoped(qk, plgpu.ACC((block_q, block_kv), jnp.float32))
+        def consume(i, base):
+            b, h, tile = item_at(i)
+            lo, full_lo, full_hi, hi = (ranges_ref[b, tile, c] for c in range(4))
 
-        def accumulate_pv(acc, p, slot, after_issue=lambda: None):
-            """acc + P V of the V tile in `slot`. P in registers (an array) accumulates in
-            place; P staged in shared memory (a ref: GPU interpret mode's form) goes into a
-            fresh accumulator that is added. `after_issue` runs while the wgmma does."""
-            if config.p_in_registers:
+            def slot_of(j):  # key tile j is at ring position base + j - lo
+                return lax.rem(base + j - lo, jnp.int32(stages))
 
-                def pv(acc_ref):
+            q0 = (tile * NUM_CONSUMERS + wg) * block_q
+            q_smem = qo_smem.at[wg]
+            # O goes out through Q's buffer, or (persistent) one of its own, so that the
+            # next item's Q can load while this O is stored.
+            out_smem = o_smem.at[wg] if config.persistent else q_smem
+            q_len = q_len_ref[b]
+            kv_len = kv_len_ref[b]
+            # Top-left alignment: the literal 0, not a traced zero, which `pl.run_state`
+            # (intra_overlap) cannot close over in Mosaic GPU's lowering.
+            diag = masks.offset(spec, q_len, kv_len) if spec.uses_offset else 0
+            c = scale * LOG2E  # base-2 scores: log2(e) folded into the scale
+
+            def take_turn():  # meet the other consumer (the ping-pong barrier alternates)
+                if turns is not None:
+                    plgpu.barrier_arrive(turns)
+                    plgpu.barrier_wait(turns)
+
+            def wait_next_k(j):  # early_k_wait: K of tile j + 1, while tile j's P V runs
+                @pl.when(j + 1 < hi)
+                def _():
+                    plgpu.barrier_wait(k_ready.at[slot_of(j + 1)])
+
+            def release_k(j, slot, shape, masked: bool):
+                """Frees K slot `slot` (tile j's scores are in registers) and returns tile j's
+                element mask, or None for a tile every row sees in full. A boundary tile's
+                key segment ids are read first: they share the slot's barriers."""
+                segs = None
+                if masked and q_seg_ref is not None:
+                    segs = (
+                        lax.broadcast_in_dim(q_segs, shape, [0]),
+                        lax.broadcast_in_dim(
+                            plgpu.load(kv_seg_smem.at[slot], layout=_COL), shape, [1]
+                        ),
+                    )
+                plgpu.barrier_arrive(k_free.at[slot])
+                if not masked:
+                    return None
+                rows = q0 + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
+                cols = j * block_kv + plgpu.broadcasted_iota(
+                    jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA
+                )  # [block_q, block_kv] each
+                return masks.tile_mask(spec, rows, cols, kv_len, diag, segs)
+
+            def qk_scores(slot):  # Q K^T of the K tile in `slot` [block_q, block_kv], awaited
+                def qk(s_ref):
+                    plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
+                    take_turn()  # ours are issued: the other consumer may issue its own
+                    return s_ref[...]  # waits for this wgmma
+
+                return pl.run_scoped(qk, plgpu.ACC((block_q, block_kv), jnp.float32))
+
+            def accumulate_pv(acc, p, slot, after_issue=lambda: None):
+                """acc + P V of the V tile in `slot`. P in registers (an array) accumulates in
+                place; P staged in shared memory (a ref: GPU interpret mode's form) goes into a
+                fresh accumulator that is added. `after_issue` runs while the wgmma does."""
+                if config.p_in_registers:
+
+                    def pv(acc_ref):
+                        plgpu.wgmma(acc_ref, p, v_smem.at[slot])
+                        after_issue()
+
+                    # run_state awaits the wgmma before returning the accumulator.
+                    return pl.run_state(pv)(plgpu.ACC.init(acc))
+
+                def pv_fresh(acc_ref):
                     plgpu.wgmma(acc_ref, p, v_smem.at[slot])
                     after_issue()
+                    return acc_ref[...]
 
-                # run_state awaits the wgmma before returning the accumulator.
-                return pl.run_state(pv)(plgpu.ACC.init(acc))
+                return acc + pl.run_scoped(pv_fresh, plgpu.ACC((block_q, head_dim), jnp.float32))
 
-            def pv_fresh(acc_ref):
-                plgpu.wgmma(acc_ref, p, v_smem.at[slot])
-                after_issue()
-                return acc_ref[...]
+            def body(j, carry, *, masked: bool):
+                acc, m_i, l_i = carry
+                slot = slot_of(j)
+                if not config.early_k_wait:
+                    plgpu.barrier_wait(k_ready.at[slot])
+                s = qk_scores(slot)
+                keep = release_k(j, slot, s.shape, masked)
+                p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, c, keep)  # p: [block_q, block_kv]
 
-            return acc + pl.run_scoped(pv_fresh, plgpu.ACC((block_q, head_dim), jnp.float32))
+                def rescale(acc, p):  # [block_q, head_dim], and P as the wgmma takes it
+                    return acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), p.astype(dtype)
 
-        def body(j, carry, *, masked: bool):
-            acc, m_i, l_i = carry
-            slot = slot_of(j)
-            if not config.early_k_wait:
+                if config.rescale_before_turn:
+                    acc, p = rescale(acc, p)
+                    # Keep the compiler from sinking this work past the turn below.
+                    acc, p, m_i, l_i = lax.optimization_barrier((acc, p, m_i, l_i))
+                if turns is not None:
+                    plgpu.barrier_arrive(turns)  # softmax done: the other may start its own
+                plgpu.barrier_wait(v_ready.at[slot])
+                if turns is not None:
+                    plgpu.barrier_wait(turns)  # our turn: P V, then the next Q K^T
+                if not config.rescale_before_turn:
+                    acc, p = rescale(acc, p)
+                if not config.p_in_registers:
+                    p_smem.at[wg][...] = p
+                    plgpu.commit_smem()  # make the stores visible to the wgmma's async reads
+                    p = p_smem.at[wg]
+                after = (lambda: wait_next_k(j)) if config.early_k_wait else (lambda: None)
+                acc = accumulate_pv(acc, p, slot, after)
+                plgpu.barrier_arrive(v_free.at[slot])
+                return acc, m_i, l_i
+
+            # intra_overlap: FA3's intra-warpgroup pipelining (Shah et al., 2024, Sec. 3.2).
+            # Tile j's Q K^T and tile j - 1's P V are issued together; the softmax of tile j
+            # runs while that P V is still on the tensor cores, and the accumulator is
+            # rescaled after it: O_j = (O_{j-1} + P_{j-1} V_{j-1}) * alpha_j. A prologue
+            # computes tile lo's scores alone and an epilogue the last P V. The turns are
+            # taken as in `body` (one after issuing, one around the softmax's end), so the
+            # two consumers still ping-pong and take the same number of turns.
+            def p_buffer(j):  # P staged in shared memory: two buffers, tile j in (j - lo) % 2
+                return p_smem.at[wg, lax.rem(j - lo, jnp.int32(2))]
+
+            def keep_p(p, j):  # P as the next step's P V takes it: registers or its buffer
+                if config.p_in_registers:
+                    return p.astype(dtype)
+                p_buffer(j)[...] = p.astype(dtype)
+                plgpu.commit_smem()  # visible to the wgmma's asynchronous reads
+                return None
+
+            def first_tile(carry):
+                acc, m_i, l_i = carry
+                slot = slot_of(lo)
                 plgpu.barrier_wait(k_ready.at[slot])
-            s = qk_scores(slot)
-            keep = release_k(j, slot, s.shape, masked)
-            p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, c, keep)  # p: [block_q, block_kv]
+                s = qk_scores(slot)
+                # The first tile may be a full one: masking it is exact, and it is one tile.
+                p, m_i, l_i, _ = _online_softmax(s, m_i, l_i, c, release_k(lo, slot, s.shape, True))
+                p = keep_p(p, lo)
+                if turns is not None:
+                    plgpu.barrier_arrive(turns)  # softmax done
+                return acc, m_i, l_i, p
 
-            def rescale(acc, p):  # [block_q, head_dim], and P as the wgmma takes it
-                return acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), p.astype(dtype)
+            def overlapped_body(j, carry, *, masked: bool):
+                acc, m_i, l_i, p_prev = carry
+                slot, prev = slot_of(j), slot_of(j - 1)
+                plgpu.barrier_wait(k_ready.at[slot])
+                plgpu.barrier_wait(v_ready.at[prev])
+                if turns is not None:
+                    plgpu.barrier_wait(turns)  # our turn: Q K^T of j and P V of j - 1
 
-            if config.rescale_before_turn:
-                acc, p = rescale(acc, p)
-                # Keep the compiler from sinking this work past the turn below.
-                acc, p, m_i, l_i = lax.optimization_barrier((acc, p, m_i, l_i))
-            if turns is not None:
-                plgpu.barrier_arrive(turns)  # softmax done: the other may start its own
-            plgpu.barrier_wait(v_ready.at[slot])
-            if turns is not None:
-                plgpu.barrier_wait(turns)  # our turn: P V, then the next Q K^T
-            if not config.rescale_before_turn:
-                acc, p = rescale(acc, p)
-            if not config.p_in_registers:
-                p_smem.at[wg][...] = p
-                plgpu.commit_smem()  # make the stores visible to the wgmma's async reads
-                p = p_smem.at[wg]
-            after = (lambda: wait_next_k(j)) if config.early_k_wait else (lambda: None)
-            acc = accumulate_pv(acc, p, slot, after)
-            plgpu.barrier_arrive(v_free.at[slot])
-            return acc, m_i, l_i
+                def scores(s_ref, pv_ref, p_prev):  # issue both, wait for Q K^T only
+                    plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
+                    plgpu.wgmma(pv_ref, p_prev, v_smem.at[prev])
+                    take_turn()
+                    # wgmma groups complete in order: at most one in flight is the P V.
+                    s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
+                    return _online_softmax(s, m_i, l_i, c, release_k(j, slot, s.shape, masked))
 
-        # intra_overlap: FA3's intra-warpgroup pipelining (Shah et al., 2024, Sec. 3.2).
-        # Tile j's Q K^T and tile j - 1's P V are issued together; the softmax of tile j
-        # runs while that P V is still on the tensor cores, and the accumulator is
-        # rescaled after it: O_j = (O_{j-1} + P_{j-1} V_{j-1}) * alpha_j. A prologue
-        # computes tile lo's scores alone and an epilogue the last P V. The turns are
-        # taken as in `body` (one after issuing, one around the softmax's end), so the
-        # two consumers still ping-pong and take the same number of turns.
-        def p_buffer(j):  # P staged in shared memory: two buffers, tile j in (j - lo) % 2
-            return p_smem.at[wg, lax.rem(j - lo, jnp.int32(2))]
+                if config.p_in_registers:
 
-        def keep_p(p, j):  # P as the next step's P V takes it: registers or its buffer
-            if config.p_in_registers:
-                return p.astype(dtype)
-            p_buffer(j)[...] = p.astype(dtype)
-            plgpu.commit_smem()  # visible to the wgmma's asynchronous reads
-            return None
+                    def step(refs):  # P V accumulates in place on acc
+                        acc_ref, p_ref, m_ref, l_ref, alpha_ref = refs
+                        p, m_new, l_new, alpha = pl.run_scoped(
+                            lambda s_ref: scores(s_ref, acc_ref, p_ref[...]),
+                            plgpu.ACC((block_q, block_kv), jnp.float32),
+                        )
+                        p_ref[...], m_ref[...], l_ref[...] = keep_p(p, j), m_new, l_new
+                        alpha_ref[...] = alpha
+                        if turns is not None:
+                            plgpu.barrier_arrive(turns)  # softmax done
 
-        def first_tile(carry):
-            acc, m_i, l_i = carry
-            slot = slot_of(lo)
-            plgpu.barrier_wait(k_ready.at[slot])
-            s = qk_scores(slot)
-            # The first tile may be a full one: masking it is exact, and it is one tile.
-            p, m_i, l_i, _ = _online_softmax(s, m_i, l_i, c, release_k(lo, slot, s.shape, True))
-            p = keep_p(p, lo)
-            if turns is not None:
-                plgpu.barrier_arrive(turns)  # softmax done
-            return acc, m_i, l_i, p
-
-        def overlapped_body(j, carry, *, masked: bool):
-            acc, m_i, l_i, p_prev = carry
-            slot, prev = slot_of(j), slot_of(j - 1)
-            plgpu.barrier_wait(k_ready.at[slot])
-            plgpu.barrier_wait(v_ready.at[prev])
-            if turns is not None:
-                plgpu.barrier_wait(turns)  # our turn: Q K^T of j and P V of j - 1
-
-            def scores(s_ref, pv_ref, p_prev):  # issue both, wait for Q K^T only
-                plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
-                plgpu.wgmma(pv_ref, p_prev, v_smem.at[prev])
-                take_turn()
-                # wgmma groups complete in order: at most one in flight is the P V.
-                s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
-                return _online_softmax(s, m_i, l_i, c, release_k(j, slot, s.shape, masked))
-
-            if config.p_in_registers:
-
-                def step(refs):  # P V accumulates in place on acc
-                    acc_ref, p_ref, m_ref, l_ref, alpha_ref = refs
-                    p, m_new, l_new, alpha = pl.run_scoped(
-                        lambda s_ref: scores(s_ref, acc_ref, p_ref[...]),
-                        plgpu.ACC((block_q, block_kv), jnp.float32),
+                    # run_state awaits the P V before returning the accumulator; the refs
+                    # after it carry the softmax's results out (alpha's starts as m_i).
+                    acc, p, m_i, l_i, alpha = pl.run_state(step)(
+                        (plgpu.ACC.init(acc), p_prev, m_i, l_i, m_i)
                     )
-                    p_ref[...], m_ref[...], l_ref[...] = keep_p(p, j), m_new, l_new
-                    alpha_ref[...] = alpha
-                    if turns is not None:
-                        plgpu.barrier_arrive(turns)  # softmax done
+                else:
 
-                # run_state awaits the P V before returning the accumulator; the refs
-                # after it carry the softmax's results out (alpha's starts as m_i).
-                acc, p, m_i, l_i, alpha = pl.run_state(step)(
-                    (plgpu.ACC.init(acc), p_prev, m_i, l_i, m_i)
+                    def step(s_ref, pv_ref):  # P V into a fresh accumulator, added below
+                        p, m_new, l_new, alpha = scores(s_ref, pv_ref, p_buffer(j - 1))
+                        keep_p(p, j)
+                        if turns is not None:
+                            plgpu.barrier_arrive(turns)  # softmax done
+                        return m_new, l_new, alpha, pv_ref[...]
+
+                    m_i, l_i, alpha, pv = pl.run_scoped(
+                        step,
+                        plgpu.ACC((block_q, block_kv), jnp.float32),
+                        plgpu.ACC((block_q, head_dim), jnp.float32),
+                    )
+                    acc, p = acc + pv, None
+                plgpu.barrier_arrive(v_free.at[prev])
+                return acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), m_i, l_i, p
+
+            def last_pv(acc, p, j):
+                slot = slot_of(j)
+                plgpu.barrier_wait(v_ready.at[slot])
+                if turns is not None:
+                    plgpu.barrier_wait(turns)
+                acc = accumulate_pv(acc, p if config.p_in_registers else p_buffer(j), slot)
+                plgpu.barrier_arrive(v_free.at[slot])
+                return acc
+
+            def overlapped(carry):
+                carry = first_tile(carry)
+                start = lo + 1
+                carry = lax.fori_loop(
+                    start, full_lo, functools.partial(overlapped_body, masked=True), carry
                 )
+                carry = lax.fori_loop(
+                    jnp.maximum(start, full_lo),
+                    full_hi,
+                    functools.partial(overlapped_body, masked=False),
+                    carry,
+                )
+                acc, m_i, l_i, p = lax.fori_loop(
+                    jnp.maximum(start, full_hi),
+                    hi,
+                    functools.partial(overlapped_body, masked=True),
+                    carry,
+                )
+                return last_pv(acc, p, hi - 1), m_i, l_i
+
+            row_layout = plgpu.Layout.WGMMA.reduce(1)
+            carry = (
+                plgpu.layout_cast(jnp.zeros((block_q, head_dim), jnp.float32), plgpu.Layout.WGMMA),
+                plgpu.layout_cast(jnp.full((block_q,), -jnp.inf, jnp.float32), row_layout),
+                plgpu.layout_cast(jnp.zeros((block_q,), jnp.float32), row_layout),
+            )
+            plgpu.barrier_wait(q_ready.at[wg])
+            q_segs = None
+            if q_seg_ref is not None:
+                q_segs = plgpu.load(q_seg_smem.at[wg], layout=_ROW)  # [block_q]
+            if config.early_k_wait:  # the first tile's K; each later one is awaited a step early
+                pl.when(hi > lo)(lambda: plgpu.barrier_wait(k_ready.at[slot_of(lo)]))
+            # Consumer 1 takes one turn ahead and consumer 0 one after the loop, so that one
+            # issues its P V and next Q K^T while the other computes its softmax (FA3's
+            # ping-pong); both take the same number of turns, so neither waits forever.
+            pl.when(wg == 1)(take_turn)
+
+            def finish(acc, m_i, l_i):
+                pl.when(wg == 0)(take_turn)
+                # Rows past q_len are padding, and a fully masked row has l_i == 0: both
+                # output 0 with logsumexp -inf, never 0/0.
+                rows = q0 + plgpu.broadcasted_iota(jnp.int32, (block_q,), 0, layout=row_layout)
+                l_i = jnp.where(rows < q_len, l_i, 0.0)
+                empty = l_i == 0.0
+                l_safe = jnp.where(empty, 1.0, l_i)
+                inv = jnp.where(empty, 0.0, 1.0 / l_safe)
+                lse = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(l_safe)) * LN2)
+                o = (acc * lax.broadcast_in_dim(inv, acc.shape, [0])).astype(dtype)
+                if config.persistent:
+                    # Q is read no more: the next item's loads while this one finishes. The
+                    # last item's O and lse stores must have left the buffers first.
+                    pl.when(i + 1 < count)(lambda: load_q(i + 1))
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                lse_smem.at[wg][...] = lse
+                out_smem[...] = o
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(out_smem, o_ref.at[b, pl.ds(q0, block_q), h])
+                plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(q0, block_q)])
+                if not config.persistent:
+                    plgpu.wait_smem_to_gmem(0)
+
+            if not config.intra_overlap:
+                carry = lax.fori_loop(lo, full_lo, functools.partial(body, masked=True), carry)
+                carry = lax.fori_loop(
+                    full_lo, full_hi, functools.partial(body, masked=False), carry
+                )
+                finish(*lax.fori_loop(full_hi, hi, functools.partial(body, masked=True), carry))
             else:
+                # The prologue needs a first tile: a row block that sees none skips to the end.
+                pl.when(hi > lo)(lambda: finish(*overlapped(carry)))
+                pl.when(hi <= lo)(lambda: finish(*carry))
+            return base + jnp.maximum(hi - lo, 0)
 
-                def step(s_ref, pv_ref):  # P V into a fresh accumulator, added below
-                    p, m_new, l_new, alpha = scores(s_ref, pv_ref, p_buffer(j - 1))
-                    keep_p(p, j)
-                    if turns is not None:
-                        plgpu.barrier_arrive(turns)  # softmax done
-                    return m_new, l_new, alpha, pv_ref[...]
-
-                m_i, l_i, alpha, pv = pl.run_scoped(
-                    step,
-                    plgpu.ACC((block_q, block_kv), jnp.float32),
-                    plgpu.ACC((block_q, head_dim), jnp.float32),
-                )
-                acc, p = acc + pv, None
-            plgpu.barrier_arrive(v_free.at[prev])
-            return acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), m_i, l_i, p
-
-        def last_pv(acc, p, j):
-            slot = slot_of(j)
-            plgpu.barrier_wait(v_ready.at[slot])
-            if turns is not None:
-                plgpu.barrier_wait(turns)
-            acc = accumulate_pv(acc, p if config.p_in_registers else p_buffer(j), slot)
-            plgpu.barrier_arrive(v_free.at[slot])
-            return acc
-
-        def overlapped(carry):
-            carry = first_tile(carry)
-            start = lo + 1
-            carry = lax.fori_loop(
-                start, full_lo, functools.partial(overlapped_body, masked=True), carry
-            )
-            carry = lax.fori_loop(
-                jnp.maximum(start, full_lo),
-                full_hi,
-                functools.partial(overlapped_body, masked=False),
-                carry,
-            )
-            acc, m_i, l_i, p = lax.fori_loop(
-                jnp.maximum(start, full_hi),
-                hi,
-                functools.partial(overlapped_body, masked=True),
-                carry,
-            )
-            return last_pv(acc, p, hi - 1), m_i, l_i
-
-        row_layout = plgpu.Layout.WGMMA.reduce(1)
-        carry = (
-            plgpu.layout_cast(jnp.zeros((block_q, head_dim), jnp.float32), plgpu.Layout.WGMMA),
-            plgpu.layout_cast(jnp.full((block_q,), -jnp.inf, jnp.float32), row_layout),
-            plgpu.layout_cast(jnp.zeros((block_q,), jnp.float32), row_layout),
-        )
-        plgpu.barrier_wait(q_ready.at[wg])
-        q_segs = None
-        if q_seg_ref is not None:
-            q_segs = plgpu.load(q_seg_smem.at[wg], layout=_ROW)  # [block_q]
-        if config.early_k_wait:  # the first tile's K; each later one is awaited a step early
-            pl.when(hi > lo)(lambda: plgpu.barrier_wait(k_ready.at[slot_of(lo)]))
-        # Consumer 1 takes one turn ahead and consumer 0 one after the loop, so that one
-        # issues its P V and next Q K^T while the other computes its softmax (FA3's
-        # ping-pong); both take the same number of turns, so neither waits forever.
-        pl.when(wg == 1)(take_turn)
-
-        def finish(acc, m_i, l_i):
-            pl.when(wg == 0)(take_turn)
-            # Rows past q_len are padding, and a fully masked row has l_i == 0: both
-            # output 0 with logsumexp -inf, never 0/0.
-            rows = q0 + plgpu.broadcasted_iota(jnp.int32, (block_q,), 0, layout=row_layout)
-            l_i = jnp.where(rows < q_len, l_i, 0.0)
-            empty = l_i == 0.0
-            l_safe = jnp.where(empty, 1.0, l_i)
-            inv = jnp.where(empty, 0.0, 1.0 / l_safe)
-            lse_smem.at[wg][...] = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(l_safe)) * LN2)
-            q_smem[...] = (acc * lax.broadcast_in_dim(inv, acc.shape, [0])).astype(dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(q_smem, o_ref.at[b, pl.ds(q0, block_q), h])
-            plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(q0, block_q)])
+        run_items(consume)
+        if config.persistent:
             plgpu.wait_smem_to_gmem(0)
 
-        if not config.intra_overlap:
-            carry = lax.fori_loop(lo, full_lo, functools.partial(body, masked=True), carry)
-            carry = lax.fori_loop(full_lo, full_hi, functools.partial(body, masked=False), carry)
-            finish(*lax.fori_loop(full_hi, hi, functools.partial(body, masked=True), carry))
-        else:
-            # The prologue needs a first tile: a row block that sees none skips to the end.
-            pl.when(hi > lo)(lambda: finish(*overlapped(carry)))
-            pl.when(hi <= lo)(lambda: finish(*carry))
+
+# Persistent CTAs in GPU interpret mode: few, so that each walks several work items.
+_PERSISTENT_CTAS = 3
+
+
+def sm_count() -> int:
+    """Streaming multiprocessors of the first device (132 on an H100 SXM or an H200)."""
+    return getattr(jax.devices()[0], "core_count", None) or 132
 
 
 def _pad(x, seq: int, head_dim: int):
@@ -632,7 +716,17 @@ def forward(
         k_free=plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
         v_free=plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
         turns=plgpu.Barrier(num_arrivals=NUM_CONSUMERS) if config.schedule_barrier else None,
+        o_smem=plgpu.SMEM((NUM_CONSUMERS, config.block_q, hp), q.dtype, transforms=transforms)
+        if config.persistent
+        else None,
     )
+    num_items = N * num_q_tiles * B
+    if config.persistent:  # one CTA per SM at most (the kernel fills an SM's registers)
+        num_ctas = min(num_items, _PERSISTENT_CTAS if interpret is not False else sm_count())
+        grid, grid_names = (num_ctas,), ("cta",)
+    else:
+        num_ctas = num_items
+        grid, grid_names = (N, num_q_tiles, B), ("heads", "q_tiles", "batch")
     kernel = functools.partial(
         _kernel,
         spec=spec,
@@ -640,6 +734,9 @@ def forward(
         config=config,
         num_q_tiles=num_q_tiles,
         group=N // K,
+        heads=N,
+        batch=B,
+        num_ctas=num_ctas,
     )
     o, lse = plgpu.kernel(
         kernel,
@@ -648,8 +745,8 @@ def forward(
             jax.ShapeDtypeStruct((B, N, t_pad), jnp.float32),
         ),
         scratch_types=scratch,
-        grid=(N, num_q_tiles, B),
-        grid_names=("heads", "q_tiles", "batch"),
+        grid=grid,
+        grid_names=grid_names,
         num_threads=NUM_CONSUMERS + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
