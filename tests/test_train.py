@@ -23,6 +23,19 @@ import pytest
 from models import data, jobs, report, sharding, train
 
 
+@pytest.fixture(scope="module", autouse=True)
+def trainer_compile_cache(tmp_path_factory):
+    """The trainer subprocesses share JAX's persistent compilation cache: the runs of one
+    configuration (uninterrupted, killed, resumed) compile the same programs, and the
+    later ones load them (about half of each run's time on CPU). This process's JAX read
+    its settings at import, so only the subprocesses see these."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path_factory.mktemp("jax-cache")))
+        env.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        env.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+        yield
+
+
 def _corpus(root):
     (root / "toy").mkdir(parents=True)
     text = b"to be or not to be that is the question " * 400
