@@ -28,11 +28,20 @@ from pallas_flash.mosaic import forward as mosaic_forward
 from pallas_flash.sparsity import BlockSparse
 
 IMPLEMENTATIONS = ("mosaic", "triton", "xla_blockwise", "xla")
-# What implementation=None tries, in order. "mosaic" (Hopper) joins the GPU order, first,
-# once its compiled tests all pass on the H200: it is measured 1.2-1.4x faster than
-# "triton" there (head dim 128, benchmarks/results/fa-mosaic-fa74dc8.jsonl), but its
-# backward has passed only part of the compiled case table so far.
-AUTO_GPU = ("triton", "xla_blockwise", "xla")
+# What implementation=None tries on a GPU, in order: the first that can serve the call.
+# "mosaic" needs a Hopper GPU (sm_90), 16-bit inputs and no bias, mask, dropout, soft cap
+# or block sparsity; elsewhere "triton" serves. On the H200, forward + backward, Mosaic
+# runs 1.1-1.2x our Triton path at head dim 64 from 1k (0.90x causal at 512, 0.98-0.99x
+# causal at 1k), 1.2-1.3x at 128 and 1.9-2.7x at 256 (benchmarks/results/fa-a8d81d9/,
+# mosaic-e5ca198/), and its compiled tests pass (README: Correctness, compiled).
+AUTO_GPU = ("mosaic", "triton", "xla_blockwise", "xla")
+# The config types each implementation takes (forward, backward).
+CONFIG_TYPES = {
+    "mosaic": (configs.MosaicConfig, configs.MosaicBwdConfig),
+    "triton": (configs.TritonConfig, configs.TritonBwdConfig),
+    "xla_blockwise": (configs.BlockwiseConfig, configs.BlockwiseConfig),
+    "xla": (type(None), type(None)),
+}
 _FLOAT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
 MAX_HEAD_DIM = 256
 
@@ -121,7 +130,9 @@ def flash_attention(
       dropout_rng: a JAX PRNG key; the same key gives the same mask, in the forward and
         the backward pass alike. Needed when dropout_rate > 0, refused otherwise.
       implementation: "mosaic" (Hopper), "triton", "xla_blockwise", "xla", or None for
-        the best available.
+        the best available: on a GPU the first of `AUTO_GPU` that serves the call
+        ("mosaic" on Hopper, else "triton") and takes the configs given; on CPU
+        "xla_blockwise".
       return_residual: also return the logsumexp, [B, T, N] float32 (differentiable).
       config: tile config of the forward pass (`TritonConfig` for "triton",
         `MosaicConfig` for "mosaic", `BlockwiseConfig` for "xla_blockwise"); None picks
@@ -167,7 +178,7 @@ def flash_attention(
             sparse_block=(call["sparse"].block_q, call["sparse"].block_kv),
         )
     seeds = None if dropout_rate == 0 else dropout.seeds_from_key(dropout_rng)
-    backend = _choose_backend(call, implementation)
+    backend = _choose_backend(call, implementation, config, backward_config)
     _check_configs(backend, config, backward_config)
 
     if backend == "xla":
@@ -211,7 +222,7 @@ def flash_attention(
             scale=call["scale"],
             fwd_config=fwd,
             bwd_config=bwd,
-            interpret=backend in ("triton", "mosaic") and jax.default_backend() != "gpu",
+            interpret=backend in ("triton", "mosaic") and _platform() != "gpu",
             logits=Logits(
                 bias_dims=_full_dims(bias, (B, query.shape[2], T, S)),
                 mask_dims=_full_dims(mask, (B, query.shape[2], T, S)),
@@ -502,7 +513,7 @@ def _unsupported(backend: str, call) -> str | None:
         if lacks:
             return f"{', '.join(lacks)} not supported by 'xla_blockwise' (use 'triton' or 'xla')"
     if backend == "mosaic":
-        if jax.default_backend() == "gpu":  # off GPU: Pallas's GPU interpret mode
+        if _platform() == "gpu":  # off GPU: Pallas's GPU interpret mode
             reason = mosaic_forward.device_unsupported()
             if reason is not None:
                 return reason
@@ -517,7 +528,7 @@ def _unsupported(backend: str, call) -> str | None:
             softcap=call["softcap"] is not None,
         )
     if backend == "triton":
-        platform = jax.default_backend()
+        platform = _platform()
         if platform == "gpu":
             device = jax.devices()[0]
             cc = getattr(device, "compute_capability", None)
@@ -528,27 +539,36 @@ def _unsupported(backend: str, call) -> str | None:
     return None
 
 
-def _choose_backend(call, implementation) -> str:
+def _platform() -> str:
+    return jax.default_backend()
+
+
+def _choose_backend(call, implementation, config=None, backward_config=None) -> str:
     if implementation is not None:
         reason = _unsupported(implementation, call)
         if reason is not None:
             raise NotImplementedError(reason)
         return implementation
     # On CPU the Triton path would run interpreted (slow): prefer the blockwise scan.
-    order = AUTO_GPU if jax.default_backend() == "gpu" else ("xla_blockwise", "xla")
+    order = AUTO_GPU if _platform() == "gpu" else ("xla_blockwise", "xla")
+    # A config names its family: None picks among the implementations that take it (if
+    # none in the order does, the first's type check below says what was expected).
+    order = [b for b in order if _takes_configs(b, config, backward_config)] or order
     for backend in order:
         if _unsupported(backend, call) is None:
             return backend
     raise NotImplementedError("no implementation can serve this call")
 
 
+def _takes_configs(backend, config, backward_config) -> bool:
+    return all(
+        value is None or isinstance(value, cls)
+        for value, cls in zip((config, backward_config), CONFIG_TYPES[backend])
+    )
+
+
 def _check_configs(backend, config, backward_config):
-    want = {
-        "mosaic": (configs.MosaicConfig, configs.MosaicBwdConfig),
-        "triton": (configs.TritonConfig, configs.TritonBwdConfig),
-        "xla_blockwise": (configs.BlockwiseConfig, configs.BlockwiseConfig),
-        "xla": (type(None), type(None)),
-    }[backend]
+    want = CONFIG_TYPES[backend]
     for name, value, cls in (
         ("config", config, want[0]),
         ("backward_config", backward_config, want[1]),

@@ -20,10 +20,10 @@ import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_flash import masks, reference
-from pallas_flash.configs import TritonBwdConfig
+from pallas_flash.configs import TritonBwdConfig, TritonConfig
 from pallas_flash.logits import Logits
 from pallas_flash.mosaic import forward as mosaic_forward
-from pallas_flash.mosaic.config import MosaicConfig, default_mosaic_config
+from pallas_flash.mosaic.config import MosaicBwdConfig, MosaicConfig, default_mosaic_config
 from pallas_flash.triton import backward as triton_backward
 from tests.cases import CASES, Case, packed, tolerance_check
 
@@ -549,8 +549,7 @@ def test_public_api_runs_the_mosaic_kernels(with_segments):
 
 
 def test_dispatch_to_mosaic():
-    """ "mosaic" is only ever chosen by name (until it is measured on the H200), and a
-    call it cannot serve raises naming what it lacks."""
+    """A call "mosaic" cannot serve raises naming what it lacks."""
     import pallas_flash
 
     q = jnp.zeros((1, 64, 2, 64), jnp.float32)
@@ -565,4 +564,56 @@ def test_dispatch_to_mosaic():
         pallas_flash.flash_attention(
             qb, qb, qb, implementation="mosaic", config=pallas_flash.TritonConfig()
         )
-    assert "mosaic" not in pallas_flash.api.AUTO_GPU
+
+
+class _Chosen(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    "hopper,dtype,kwargs,want",
+    [
+        (True, BF16, {}, "mosaic"),
+        (True, F16, {"is_causal": True, "segment_ids": jnp.zeros((1, 64), jnp.int32)}, "mosaic"),
+        (True, jnp.float32, {}, "triton"),  # Mosaic takes 16-bit inputs only
+        (True, BF16, {"dropout_rate": 0.1, "dropout_rng": jax.random.key(0)}, "triton"),
+        (True, BF16, {"logits_soft_cap": 30.0}, "triton"),
+        (True, BF16, {"config": TritonConfig()}, "triton"),  # the config names the family
+        (True, BF16, {"backward_config": MosaicBwdConfig()}, "mosaic"),
+        (False, BF16, {}, "triton"),  # not sm_90
+    ],
+    ids=[
+        "bf16",
+        "f16-causal-segments",
+        "f32",
+        "dropout",
+        "softcap",
+        "triton-config",
+        "mosaic-bwd-config",
+        "ampere",
+    ],
+)
+def test_none_picks_mosaic_on_hopper_where_it_serves(monkeypatch, hopper, dtype, kwargs, want):
+    """implementation=None on a GPU: "mosaic" first on Hopper, "triton" for what Mosaic
+    lacks or off Hopper (the GPU is faked; the choice is intercepted before any kernel)."""
+    import pallas_flash
+    from pallas_flash import api
+
+    chosen = []
+
+    def spy(*args):
+        chosen.append(real(*args))
+        raise _Chosen
+
+    real = api._choose_backend
+    monkeypatch.setattr(api, "_platform", lambda: "gpu")
+    monkeypatch.setattr(
+        api.mosaic_forward,
+        "device_unsupported",
+        lambda: None if hopper else "wgmma needs compute capability 9.0, not 8.0",
+    )
+    monkeypatch.setattr(api, "_choose_backend", spy)
+    q = jnp.zeros((1, 64, 2, 64), dtype)
+    with pytest.raises(_Chosen):
+        pallas_flash.flash_attention(q, q, q, **kwargs)
+    assert chosen == [want]
