@@ -11,6 +11,7 @@ on the H200, P from registers and from shared memory, over more and larger shape
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import chex
 import jax
@@ -59,6 +60,13 @@ def _lengths(case: Case):
 
 def _mosaic(case: Case, config: MosaicConfig | None, interpret, seed: int = 0, qkv=None):
     q, k, v, _ = case.inputs(seed) if qkv is None else (*qkv, None)
+    return _forward(case, config, interpret, q, k, v)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _forward(case: Case, config: MosaicConfig | None, interpret, q, k, v):
+    """(o, lse) of the Mosaic forward, jitted (eager, each op around the kernel compiles
+    on its own: slower on CPU than the program)."""
     q_len, kv_len = _lengths(case)
     return mosaic_forward.forward(
         q,
