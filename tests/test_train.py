@@ -94,7 +94,7 @@ def _train(corpus, out, *extra, check=True, env=None):
 
 
 def test_loss_falls_and_missing_data_names_the_command(corpus, tmp_path):
-    _, rows = _train(corpus, tmp_path / "run", "--steps", "30", "--lr", "1e-2")
+    _, rows = _train(corpus, tmp_path / "run", "--steps", "15", "--lr", "1e-2")
     losses = [r["loss"] for r in rows if "loss" in r]
     assert losses[-1] < 0.6 * losses[0]
     assert (tmp_path / "run" / "loss.png").exists()
