@@ -236,19 +236,23 @@ def test_interpret_never_reads_skipped_tiles():
     chex.assert_trees_all_equal(out, _mosaic(case, SMALL, interpret=True, qkv=(q, k_bad, v_bad)))
 
 
-@pytest.mark.parametrize("schedule", ["", "overlap", "persistent"])
+@pytest.mark.parametrize("schedule", ["", "overlap", "persistent", "persistent-h256"])
 def test_interpret_finds_no_data_race(schedule):
     """The interpreter's happens-before race detector over the shared buffers (Q/O, P,
     the logsumexp and the K/V ring; its wgmma operand reads are not instrumented). With
     intra_overlap, tile j's P is written while tile j - 1's P V may still read its own;
-    persistent, a CTA's next Q loads while its last O and logsumexp are stored, and the
-    ring runs on from one work item to the next (4 items on 3 CTAs)."""
+    persistent, a CTA's next Q loads while its last O and logsumexp are stored (at head
+    dim 256, into the buffer O has just left), and the ring runs on from one work item
+    to the next (4 items on 3 CTAs)."""
     from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks  # no public accessor
 
     params = plgpu.InterpretGPUParams(detect_races=True)
-    case = Case(1, 130, 300, 2, 1, 64, BF16, causal=True)
-    flags = {"": {}, "overlap": {"intra_overlap": True}, "persistent": {"persistent": True}}
-    config = MosaicConfig(block_q=64, block_kv=64, num_stages=2, **flags[schedule])
+    head_dim = 256 if schedule.endswith("h256") else 64
+    case = Case(1, 130, 300, 2, 1, head_dim, BF16, causal=True)
+    flags = {"overlap": {"intra_overlap": True}, "persistent": {"persistent": True}}
+    config = MosaicConfig(
+        block_q=64, block_kv=64, num_stages=2, **flags.get(schedule.split("-")[0], {})
+    )
     _compare(case, config, interpret=params)
     assert not gpu_callbacks.get_races().races_found
 
@@ -334,17 +338,23 @@ def test_unsupported_features_raise(dtype, kwargs, match):
 # Persistent CTAs (3 in interpret mode) over several work items each, the ring and the
 # ping-pong running on from item to item: causal GQA with ragged lengths (8 items), empty
 # batch elements (items with no key tile), unsorted segment ids (every tile masked, the
-# ids prefetched with the next Q).
-PERSISTENT_CASES = [INTERPRET_CASES[i] for i in (4, 3, 11)]
+# ids prefetched with the next Q), and head dim 256, where O has no buffer of its own
+# and leaves through Q's (4 items).
+PERSISTENT_CASES = [INTERPRET_CASES[i] for i in (4, 3, 11)] + [
+    Case(1, 130, 100, 2, 1, 256, BF16, causal=True)
+]
 
 
 @pytest.mark.parametrize("case", PERSISTENT_CASES, ids=lambda c: c.id)
 def test_interpret_persistent_equals_one_cta_per_item(case):
     """Each work item's arithmetic is the same in both grids, so the outputs are equal
     bit for bit (and the one-CTA-per-item kernel is checked against the reference)."""
+    config = dataclasses.replace(SMALL, persistent=True)
+    # Which path runs: O's own buffer, or (head dim 256) Q's, in interpret mode's form.
+    interpreted = dataclasses.replace(config, p_in_registers=False)
+    assert interpreted.o_buffer(case.head_dim) == (case.head_dim < 256)
     one = _mosaic(case, SMALL, interpret=True, seed=1)
-    persistent = _mosaic(case, dataclasses.replace(SMALL, persistent=True), True, seed=1)
-    chex.assert_trees_all_equal(one, persistent)
+    chex.assert_trees_all_equal(one, _mosaic(case, config, True, seed=1))
 
 
 def test_config_validation():
@@ -414,10 +424,6 @@ def test_compiled_kernel_lowers_for_hopper(
     q = jax.ShapeDtypeStruct((2, 300, 4, head_dim), dtype)
     kv = jax.ShapeDtypeStruct((2, 257, 2, head_dim), dtype)
     lens = jax.ShapeDtypeStruct((2,), jnp.int32)
-    if persistent and head_dim == 256:  # Q, O and the K/V ring of 64-key tiles: too big
-        with pytest.raises(ValueError, match="bytes of shared memory at head dim 256"):
-            jax.jit(f).trace(q, kv, kv, lens, lens)
-        return
     lowered = jax.jit(f).trace(q, kv, kv, lens, lens).lower(lowering_platforms=("cuda",))
     assert "mosaic_gpu" in lowered.as_text()
 
@@ -501,10 +507,10 @@ def test_gpu_intra_overlap_matches_reference(case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", [c for c in GPU_CASES if c.head_dim <= 192], ids=lambda c: c.id)
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
 def test_gpu_persistent_matches_reference(case):
-    """The persistent grid compiled (P in registers, as it would run) over the table, up
-    to head dim 192 (at 256 its O buffer does not fit beside the ring)."""
+    """The persistent grid compiled (P in registers, as it would run) over the table (at
+    head dim 256 O leaves through Q's buffer)."""
     config = dataclasses.replace(default_mosaic_config(case.head_dim), persistent=True)
     _compare(case, config, interpret=False, seed=seed_of(case))
 

@@ -143,7 +143,8 @@ class MosaicConfig:
       and epilogue that a grid of one CTA per item exposes on each SM (the kernel fills
       the SM's registers, so no second CTA hides them) overlap the neighbouring items'
       work (FA3's persistent kernel). Causal items run longest first. Not with
-      intra_overlap; at head dim 256 the O buffer does not fit beside the K/V ring.
+      intra_overlap. Where O's buffer does not fit (head dim 256 with 64-key tiles), O
+      leaves through Q's buffer and the next Q loads once it has been read out.
     """
 
     block_q: int = 64
@@ -171,12 +172,22 @@ class MosaicConfig:
         if self.intra_overlap and self.persistent:
             raise ValueError("intra_overlap is a schedule of its own: not with persistent")
 
+    def o_buffer(self, head_dim: int, itemsize: int = 2) -> bool:
+        """Whether O has a shared-memory buffer of its own (persistent, where it fits), so
+        that the next item's Q loads while O is stored; else O leaves through Q's."""
+        if not self.persistent:
+            return False
+        extra = NUM_CONSUMERS * self.block_q * head_dim * itemsize
+        return self._smem_bytes(head_dim, itemsize) + extra <= SMEM_BYTES
+
     def smem_bytes(self, head_dim: int, itemsize: int = 2) -> int:
         """Shared memory the forward kernel allocates at this (padded) head dim (an upper
         bound: Mosaic GPU reports up to 1 KiB less)."""
+        extra = NUM_CONSUMERS * self.block_q * head_dim * itemsize
+        return self._smem_bytes(head_dim, itemsize) + extra * self.o_buffer(head_dim, itemsize)
+
+    def _smem_bytes(self, head_dim: int, itemsize: int) -> int:  # without an O buffer
         q_o = NUM_CONSUMERS * self.block_q * head_dim * itemsize
-        if self.persistent:  # O has a buffer of its own, so the next Q loads beside it
-            q_o *= 2
         kv = 2 * self.num_stages * self.block_kv * head_dim * itemsize
         p_tile = NUM_CONSUMERS * self.block_q * self.block_kv * itemsize
         # P staged in shared memory: two buffers when the next softmax overlaps a P V.

@@ -329,7 +329,7 @@ def _kernel(
             q_smem = qo_smem.at[wg]
             # O goes out through Q's buffer, or (persistent) one of its own, so that the
             # next item's Q can load while this O is stored.
-            out_smem = o_smem.at[wg] if config.persistent else q_smem
+            out_smem = q_smem if o_smem is None else o_smem.at[wg]
             q_len = q_len_ref[b]
             kv_len = kv_len_ref[b]
             # Top-left alignment: the literal 0, not a traced zero, which `pl.run_state`
@@ -566,7 +566,7 @@ def _kernel(
                 inv = jnp.where(empty, 0.0, 1.0 / l_safe)
                 lse = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(l_safe)) * LN2)
                 o = (acc * lax.broadcast_in_dim(inv, acc.shape, [0])).astype(dtype)
-                if config.persistent:
+                if o_smem is not None:
                     # Q is read no more: the next item's loads while this one finishes. The
                     # last item's O and lse stores must have left the buffers first.
                     pl.when(i + 1 < count)(lambda: load_q(i + 1))
@@ -576,6 +576,10 @@ def _kernel(
                 plgpu.commit_smem()
                 plgpu.copy_smem_to_gmem(out_smem, o_ref.at[b, pl.ds(q0, block_q), h])
                 plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(q0, block_q)])
+                if config.persistent and o_smem is None:
+                    # O leaves through Q's buffer: the next Q loads once it is read out.
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                    pl.when(i + 1 < count)(lambda: load_q(i + 1))
                 if not config.persistent:
                     plgpu.wait_smem_to_gmem(0)
 
@@ -717,7 +721,7 @@ def forward(
         v_free=plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
         turns=plgpu.Barrier(num_arrivals=NUM_CONSUMERS) if config.schedule_barrier else None,
         o_smem=plgpu.SMEM((NUM_CONSUMERS, config.block_q, hp), q.dtype, transforms=transforms)
-        if config.persistent
+        if config.o_buffer(hp, q.dtype.itemsize)
         else None,
     )
     num_items = N * num_q_tiles * B
