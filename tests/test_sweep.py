@@ -120,7 +120,14 @@ def test_candidates_start_at_the_default_and_it_fits(head_dim):
     assert sweep.smem_bytes(big, 256) == (128 + 8 * 128) * 256 * 2 > sweep.SMEM_LIMIT
 
 
-DKV_FIELDS = ("block_q_dkv", "block_kv_dkv", "num_stages_dkv", "consumers_dkv", "split_dkv")
+DKV_FIELDS = (
+    "block_q_dkv",
+    "block_kv_dkv",
+    "num_stages_dkv",
+    "consumers_dkv",
+    "split_dkv",
+    "schedule_barrier",  # both kernels' ping-pong, varied with the dK/dV fields
+)
 DQ_FIELDS = ("block_q_dq", "block_kv_dq", "num_stages_dq", "consumers_dq")
 
 

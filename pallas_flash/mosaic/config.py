@@ -218,6 +218,12 @@ class MosaicBwdConfig:
       unused. Each consumer computes its slice of the share (head-dim columns, or rows
       when the columns would be narrower than 64) over the CTA's keys. Off by default:
       on the H200 it is exact and bitwise deterministic, but 0.64-0.69x the pair's speed.
+    schedule_barrier: the forward's ping-pong in both kernels: their two consumers take
+      turns at the tensor cores, so that one's elementwise work (exp2, masks, dS) runs
+      beside the other's matmuls instead of both idling them at once (they walk the same
+      tiles in step). Needs two consumers and two stages in each kernel (a consumer
+      frees its slot only after its second turn); not with fused. Off until measured on
+      the H200.
     """
 
     block_q_dkv: int = 64
@@ -231,6 +237,7 @@ class MosaicBwdConfig:
     consumers_dq: int = 2
     operands_in_registers: bool = True
     fused: bool = False
+    schedule_barrier: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
@@ -247,6 +254,18 @@ class MosaicBwdConfig:
             raise ValueError(f"split_dkv needs consumers_dkv=2, not {self.consumers_dkv}")
         if self.fused and self.split_dkv:
             raise ValueError("fused needs split_dkv=False: each consumer owns a key tile")
+        if self.schedule_barrier and (
+            self.fused
+            or 1 in (self.consumers_dkv, self.consumers_dq, self.num_stages_dkv, self.num_stages_dq)
+        ):
+            # One slot deadlocks: a consumer frees its tile only after its second turn,
+            # which waits for the other to reach the next tile, which waits for that slot.
+            raise ValueError(
+                "schedule_barrier needs two consumers and at least two stages in each kernel "
+                f"(consumers_dkv={self.consumers_dkv}, consumers_dq={self.consumers_dq}, "
+                f"num_stages_dkv={self.num_stages_dkv}, num_stages_dq={self.num_stages_dq}) "
+                "and fused=False"
+            )
 
     def dq_part(self, head_dim: int) -> tuple[int, int]:
         """(rows, columns) of the fused dQ share one consumer computes: the head-dim
