@@ -128,7 +128,8 @@ IMPLS: dict[str, Impl] = {
 
 # pallas_flash:mosaic/FIELD=VALUE/...: the Mosaic kernels with some fields of the default
 # forward (MosaicConfig) or backward (MosaicBwdConfig) config replaced, so that a default
-# and a candidate time side by side in one process (the fields of the two are disjoint).
+# and a candidate time side by side in one process; a field both have is named
+# fwd.FIELD or bwd.FIELD (schedule_barrier).
 VARIANT_BASE = "pallas_flash:mosaic"
 
 
@@ -140,11 +141,21 @@ def _mosaic_variant(name: str) -> Impl:
     overrides: dict[str, dict] = {"fwd": {}, "bwd": {}}
     for item in name[len(VARIANT_BASE) + 1 :].split("/"):
         key, sep, value = item.partition("=")
-        which = [w for w in fields if key in fields[w]]
+        part, dot, field = key.partition(".")
+        if dot:  # fwd.FIELD / bwd.FIELD: a field both configs have
+            which = [part] if part in fields and field in fields[part] else []
+            key = field
+        else:
+            which = [w for w in fields if key in fields[w]]
         if not sep or not which:
             raise ValueError(
                 f"implementation {name!r}: {item!r} is not FIELD=VALUE with a field of "
                 f"MosaicConfig {sorted(fields['fwd'])} or MosaicBwdConfig {sorted(fields['bwd'])}"
+            )
+        if len(which) > 1:
+            raise ValueError(
+                f"implementation {name!r}: both configs have {key!r}: name it fwd.{key} "
+                f"or bwd.{key}"
             )
         if value not in ("true", "false") and not value.isdigit():
             raise ValueError(

@@ -313,5 +313,10 @@ def test_mosaic_config_variants_are_named_by_their_fields(monkeypatch):
         impls.lookup("pallas_flash:nope")
     with pytest.raises(ValueError, match="block_size=64"):
         impls.lookup("pallas_flash:mosaic/block_size=64")
+    with pytest.raises(ValueError, match="name it fwd.schedule_barrier or bwd.schedule_barrier"):
+        impls.lookup("pallas_flash:mosaic/schedule_barrier=true")
+    seen.clear()
+    impls.lookup("pallas_flash:mosaic/bwd.schedule_barrier=true").fn(q, q, q, causal=False)
+    assert seen["backward_config"].schedule_barrier and seen["config"] == default
     with pytest.raises(SystemExit):  # the CLI names the bad field before running anything
         bench.main(["--suite", "quick", "--impls", "pallas_flash:mosaic/num_stages=x"])
