@@ -94,6 +94,7 @@ from pallas_flash.mosaic.config import (
 from pallas_flash.mosaic.forward import (
     _COL,
     _ROW,
+    PingPong,
     _pad,
     intersect_tables,
     stream_kv_tiles,
@@ -143,46 +144,6 @@ def _products(pairs, shape, after_issue=lambda: None):
         return tuple(acc_ref[...] for acc_ref in acc_refs)
 
     return pl.run_scoped(mma, *(plgpu.ACC(shape, jnp.float32) for _ in pairs))
-
-
-class _PingPong:
-    """MosaicBwdConfig.schedule_barrier: the forward's ping-pong (forward.py) in a
-    backward kernel, whose steps have the same shape (two products, elementwise work,
-    two more products): the two consumers meet at a barrier after issuing a step's first
-    products, and again around the end of its elementwise work, and consumer 1 starts
-    one meeting ahead, so that one's elementwise work runs beside the other's matmuls.
-    Both walk the same tiles, so both meet equally often. `turns` None: no-ops."""
-
-    def __init__(self, turns, wg):
-        self.turns, self.wg = turns, wg
-
-    def meet(self):
-        if self.turns is not None:
-            plgpu.barrier_arrive(self.turns)
-            plgpu.barrier_wait(self.turns)
-
-    def elementwise_done(self):
-        if self.turns is not None:
-            plgpu.barrier_arrive(self.turns)
-
-    def my_turn(self):
-        if self.turns is not None:
-            plgpu.barrier_wait(self.turns)
-
-    def start(self):  # before the first step
-        self._on(1)
-
-    def end(self):  # after the last
-        self._on(0)
-
-    def _on(self, wg: int):  # meet if this is consumer `wg` (static or traced index)
-        if self.turns is None:
-            return
-        if isinstance(self.wg, int):
-            if self.wg == wg:
-                self.meet()
-        else:
-            pl.when(self.wg == wg)(self.meet)
 
 
 def _bcast(x, shape, dim: int):
@@ -337,7 +298,7 @@ def _dkdv_kernel(
         diag = masks.offset(spec, q_len, kv_len)
         c = scale * LOG2E  # base-2 scores: log2(e) folded into the scale
         shape = (bk, bq)  # S^T and its kin: keys on the rows, queries on the columns
-        pingpong = _PingPong(turns, w)
+        pingpong = PingPong(turns, w)
 
         def body(i, carry, *, g, masked: bool):
             step = step_of(g, i)
@@ -507,7 +468,7 @@ def _dq_kernel(
         diag = masks.offset(spec, q_len, kv_len)
         c = scale * LOG2E
         shape = (bq, bk)
-        pingpong = _PingPong(turns, wg)
+        pingpong = PingPong(turns, wg)
 
         def body(j, dq, *, masked: bool):
             slot = slot_of(j)

@@ -209,6 +209,49 @@ def drain_ring(free, end, stages: int):
     lax.fori_loop(jnp.maximum(0, end - stages), end, wait, None)
 
 
+class PingPong:
+    """FA3's ping-pong of two consumer warpgroups over a `turns` barrier (two arrivals),
+    for steps of one shape: products, elementwise work (the forward's softmax; the
+    backward's exp2, masks and dS), more products. A consumer meets the other after
+    issuing a step's first products (`meet`: ours are issued, the other may issue its
+    own), arrives when its elementwise work is done (`elementwise_done`) and waits for
+    its turn before the next products (`my_turn`); consumer 1 meets once before the first
+    step (`start`) and consumer 0 once after the last (`end`), so that one's elementwise
+    work runs beside the other's matmuls. Both must walk the same number of steps, so
+    that neither waits forever. `turns` None (no ping-pong): every call is a no-op."""
+
+    def __init__(self, turns, wg):
+        self.turns, self.wg = turns, wg  # wg: the consumer's index, static or traced
+
+    def meet(self):
+        if self.turns is not None:
+            plgpu.barrier_arrive(self.turns)
+            plgpu.barrier_wait(self.turns)
+
+    def elementwise_done(self):
+        if self.turns is not None:
+            plgpu.barrier_arrive(self.turns)
+
+    def my_turn(self):
+        if self.turns is not None:
+            plgpu.barrier_wait(self.turns)
+
+    def start(self):  # before the first step
+        self._on(1)
+
+    def end(self):  # after the last
+        self._on(0)
+
+    def _on(self, wg: int):  # meet if this is consumer `wg`
+        if self.turns is None:
+            return
+        if isinstance(self.wg, int):
+            if self.wg == wg:
+                self.meet()
+        else:
+            pl.when(self.wg == wg)(self.meet)
+
+
 _ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per row of a wgmma accumulator
 _COL = plgpu.Layout.WGMMA.reduce(0)  # one value per column
 
@@ -337,10 +380,7 @@ def _kernel(
             diag = masks.offset(spec, q_len, kv_len) if spec.uses_offset else 0
             c = scale * LOG2E  # base-2 scores: log2(e) folded into the scale
 
-            def take_turn():  # meet the other consumer (the ping-pong barrier alternates)
-                if turns is not None:
-                    plgpu.barrier_arrive(turns)
-                    plgpu.barrier_wait(turns)
+            pingpong = PingPong(turns, wg)
 
             def wait_next_k(j):  # early_k_wait: K of tile j + 1, while tile j's P V runs
                 @pl.when(j + 1 < hi)
@@ -371,7 +411,7 @@ def _kernel(
             def qk_scores(slot):  # Q K^T of the K tile in `slot` [block_q, block_kv], awaited
                 def qk(s_ref):
                     plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
-                    take_turn()  # ours are issued: the other consumer may issue its own
+                    pingpong.meet()  # ours are issued: the other consumer may issue its own
                     return s_ref[...]  # waits for this wgmma
 
                 return pl.run_scoped(qk, plgpu.ACC((block_q, block_kv), jnp.float32))
@@ -412,11 +452,9 @@ def _kernel(
                     acc, p = rescale(acc, p)
                     # Keep the compiler from sinking this work past the turn below.
                     acc, p, m_i, l_i = lax.optimization_barrier((acc, p, m_i, l_i))
-                if turns is not None:
-                    plgpu.barrier_arrive(turns)  # softmax done: the other may start its own
+                pingpong.elementwise_done()  # softmax done: the other may start its own
                 plgpu.barrier_wait(v_ready.at[slot])
-                if turns is not None:
-                    plgpu.barrier_wait(turns)  # our turn: P V, then the next Q K^T
+                pingpong.my_turn()  # our turn: P V, then the next Q K^T
                 if not config.rescale_before_turn:
                     acc, p = rescale(acc, p)
                 if not config.p_in_registers:
@@ -453,8 +491,7 @@ def _kernel(
                 # The first tile may be a full one: masking it is exact, and it is one tile.
                 p, m_i, l_i, _ = _online_softmax(s, m_i, l_i, c, release_k(lo, slot, s.shape, True))
                 p = keep_p(p, lo)
-                if turns is not None:
-                    plgpu.barrier_arrive(turns)  # softmax done
+                pingpong.elementwise_done()  # softmax done
                 return acc, m_i, l_i, p
 
             def overlapped_body(j, carry, *, masked: bool):
@@ -462,13 +499,12 @@ def _kernel(
                 slot, prev = slot_of(j), slot_of(j - 1)
                 plgpu.barrier_wait(k_ready.at[slot])
                 plgpu.barrier_wait(v_ready.at[prev])
-                if turns is not None:
-                    plgpu.barrier_wait(turns)  # our turn: Q K^T of j and P V of j - 1
+                pingpong.my_turn()  # our turn: Q K^T of j and P V of j - 1
 
                 def scores(s_ref, pv_ref, p_prev):  # issue both, wait for Q K^T only
                     plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
                     plgpu.wgmma(pv_ref, p_prev, v_smem.at[prev])
-                    take_turn()
+                    pingpong.meet()
                     # wgmma groups complete in order: at most one in flight is the P V.
                     s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
                     return _online_softmax(s, m_i, l_i, c, release_k(j, slot, s.shape, masked))
@@ -483,8 +519,7 @@ def _kernel(
                         )
                         p_ref[...], m_ref[...], l_ref[...] = keep_p(p, j), m_new, l_new
                         alpha_ref[...] = alpha
-                        if turns is not None:
-                            plgpu.barrier_arrive(turns)  # softmax done
+                        pingpong.elementwise_done()  # softmax done
 
                     # run_state awaits the P V before returning the accumulator; the refs
                     # after it carry the softmax's results out (alpha's starts as m_i).
@@ -496,8 +531,7 @@ def _kernel(
                     def step(s_ref, pv_ref):  # P V into a fresh accumulator, added below
                         p, m_new, l_new, alpha = scores(s_ref, pv_ref, p_buffer(j - 1))
                         keep_p(p, j)
-                        if turns is not None:
-                            plgpu.barrier_arrive(turns)  # softmax done
+                        pingpong.elementwise_done()  # softmax done
                         return m_new, l_new, alpha, pv_ref[...]
 
                     m_i, l_i, alpha, pv = pl.run_scoped(
@@ -512,8 +546,7 @@ def _kernel(
             def last_pv(acc, p, j):
                 slot = slot_of(j)
                 plgpu.barrier_wait(v_ready.at[slot])
-                if turns is not None:
-                    plgpu.barrier_wait(turns)
+                pingpong.my_turn()
                 acc = accumulate_pv(acc, p if config.p_in_registers else p_buffer(j), slot)
                 plgpu.barrier_arrive(v_free.at[slot])
                 return acc
@@ -553,10 +586,10 @@ def _kernel(
             # Consumer 1 takes one turn ahead and consumer 0 one after the loop, so that one
             # issues its P V and next Q K^T while the other computes its softmax (FA3's
             # ping-pong); both take the same number of turns, so neither waits forever.
-            pl.when(wg == 1)(take_turn)
+            pingpong.start()
 
             def finish(acc, m_i, l_i):
-                pl.when(wg == 0)(take_turn)
+                pingpong.end()
                 # Rows past q_len are padding, and a fully masked row has l_i == 0: both
                 # output 0 with logsumexp -inf, never 0/0.
                 rows = q0 + plgpu.broadcasted_iota(jnp.int32, (block_q,), 0, layout=row_layout)
