@@ -295,10 +295,10 @@ def main(argv=None):
 
     suite = suites.SUITES[args.suite]
     names = args.impls.split(",") if args.impls else list(suite.impls)
-    unknown = []
+    impls, unknown = {}, []  # each name resolved once (a config variant is parsed here)
     for n in names:
         try:
-            lookup(n)
+            impls[n] = lookup(n)
         except KeyError:
             unknown.append(n)
         except ValueError as e:
@@ -341,7 +341,7 @@ def main(argv=None):
         for name in names:
             run = s.seq_q <= args.max_run_seq
             for row in run_shape(
-                lookup(name), s, suite.passes, memory=suite.memory, run=run, checked=checked
+                impls[name], s, suite.passes, memory=suite.memory, run=run, checked=checked
             ):
                 row = dict(run_id=run_id, suite=args.suite, **env, **row)
                 print(_summary(row), flush=True)

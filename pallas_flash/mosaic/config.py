@@ -177,17 +177,15 @@ class MosaicConfig:
         that the next item's Q loads while O is stored; else O leaves through Q's."""
         if not self.persistent:
             return False
-        extra = NUM_CONSUMERS * self.block_q * head_dim * itemsize
-        return self._smem_bytes(head_dim, itemsize) + extra <= SMEM_BYTES
+        return self._smem_bytes(head_dim, itemsize, o_buffer=True) <= SMEM_BYTES
 
     def smem_bytes(self, head_dim: int, itemsize: int = 2) -> int:
         """Shared memory the forward kernel allocates at this (padded) head dim (an upper
         bound: Mosaic GPU reports up to 1 KiB less)."""
-        extra = NUM_CONSUMERS * self.block_q * head_dim * itemsize
-        return self._smem_bytes(head_dim, itemsize) + extra * self.o_buffer(head_dim, itemsize)
+        return self._smem_bytes(head_dim, itemsize, self.o_buffer(head_dim, itemsize))
 
-    def _smem_bytes(self, head_dim: int, itemsize: int) -> int:  # without an O buffer
-        q_o = NUM_CONSUMERS * self.block_q * head_dim * itemsize
+    def _smem_bytes(self, head_dim: int, itemsize: int, o_buffer: bool) -> int:
+        q_o = NUM_CONSUMERS * self.block_q * head_dim * itemsize * (2 if o_buffer else 1)
         kv = 2 * self.num_stages * self.block_kv * head_dim * itemsize
         p_tile = NUM_CONSUMERS * self.block_q * self.block_kv * itemsize
         # P staged in shared memory: two buffers when the next softmax overlaps a P V.
