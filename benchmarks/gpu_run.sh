@@ -125,6 +125,12 @@ for step in "$@"; do
     masks|sparse|paper|quick) timeout 590 python3 -m benchmarks.bench --suite "$step" \
              --commit "$commit" --run-id "$run_id" --out "$OUT/$step.jsonl" ;;
     hbm) timeout 590 python3 -m benchmarks.hbm --out "$OUT/hbm.jsonl" ;;
+    # Registers and spills of each Mosaic kernel from ptxas's own report (compiles only
+    # one small fwd + bwd per implementation, head dim and causal flag): PTXAS_IMPLS,
+    # PTXAS_HEAD_DIMS pick them.
+    ptxas) timeout 500 python3 -m benchmarks.ptxas \
+             --impls "${PTXAS_IMPLS:-pallas_flash:mosaic,pallas_flash:mosaic-fused}" \
+             --head-dims "${PTXAS_HEAD_DIMS:-64,128}" --out "$OUT/ptxas.jsonl" ;;
     # Per-kernel time and registers where a mask costs time (segment ids, a boolean mask).
     profile-masks) timeout 590 python3 -m benchmarks.profile --suite masks \
              --masks none,segments:1,padding-full,mask-full --out "$OUT/profile-masks.jsonl" ;;

@@ -392,7 +392,8 @@ def config_label(c: dict) -> str:
     Mosaic: "64x128 s2" (block_q per warpgroup x block_kv, stages; "no-pingpong",
     "p-smem", "rescale-early", "k-wait-early", "overlap", "persistent" where set), or
     "dkv 2x64 q64 s2 dq 2x64 kv64 s2" (warpgroups x their tile, the streamed tile,
-    stages; "split" where dV and dK split the warpgroups, "pingpong" where they take turns)."""
+    stages; "split" where dV and dK split the warpgroups; "pingpong" on rows of d2f5aa4 and
+    before, whose backward had a ping-pong option, measured slower and removed)."""
     if "schedule_barrier" in c and "consumers_dkv" not in c:  # the Mosaic forward
         flags = ("" if c["schedule_barrier"] else " no-pingpong") + (
             "" if c.get("p_in_registers", True) else " p-smem"

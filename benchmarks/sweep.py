@@ -85,7 +85,6 @@ MOSAIC_DKV_SPACE = dict(
     block_kv_dkv=(64, 128),
     num_stages_dkv=(2, 3),
     consumers_dkv=(1, 2),
-    schedule_barrier=(False, True),  # both kernels' ping-pong, varied with the dK/dV fields
 )
 MOSAIC_DQ_SPACE = dict(
     block_q_dq=(64, 128), block_kv_dq=(64, 128), num_stages_dq=(2, 3), consumers_dq=(1, 2)
@@ -221,7 +220,6 @@ def _axes(c) -> tuple:
             c.num_stages_dq,
             c.consumers_dq,
             int(c.fused),
-            int(c.schedule_barrier),
         )
     if isinstance(c, configs.TritonConfig):
         tiles = (c.block_q, c.block_kv)

@@ -127,6 +127,34 @@ def test_profile_parses_ncu_csv_per_kernel():
     assert "launch__registers_per_thread" not in kernels[1]
 
 
+def test_ptxas_report_parses_per_kernel():
+    from benchmarks import ptxas
+
+    text = "\n".join(
+        [
+            "ptxas info    : 0 bytes gmem",
+            "ptxas info    : Compiling entry function 'pallas_flash_mosaic_bwd_fused' for 'sm_90a'",
+            "ptxas info    : Function properties for pallas_flash_mosaic_bwd_fused",
+            "    8 bytes stack frame, 96 bytes spill stores, 112 bytes spill loads",
+            "ptxas info    : Used 168 registers, used 1 barriers, 384 bytes cmem[0]",
+            "ptxas info    : Compiling entry function 'pallas_flash_mosaic_bwd_dq' for 'sm_90a'",
+            "ptxas info    : Used 128 registers, 384 bytes cmem[0]",
+        ]
+    )
+    fused, dq = ptxas.parse_ptxas(text)
+    assert fused == dict(
+        kernel="pallas_flash_mosaic_bwd_fused",
+        registers=168,
+        stack_bytes=8,
+        spill_store_bytes=96,
+        spill_load_bytes=112,
+    )
+    assert dq["kernel"] == "pallas_flash_mosaic_bwd_dq" and dq["registers"] == 128
+    assert dq["spill_store_bytes"] is None  # no properties line: unknown, not 0
+    assert ptxas.parse_ptxas("Used 10 registers") == []  # nothing before an entry
+    assert ptxas.shape(64, True).heads == 32
+
+
 def _row(suite, mask, p, ms, causal=False, head_dim=128):
     return dict(
         suite=suite,
@@ -305,18 +333,21 @@ def test_mosaic_config_variants_are_named_by_their_fields(monkeypatch):
     monkeypatch.setattr(impls.pallas_flash, "flash_attention", fake)
     q = jnp.zeros((1, 8, 2, 64), jnp.bfloat16)
     v.fn(q, q, q, causal=True)
-    default = mosaic_config.default_mosaic_config(64)
+    default = mosaic_config.default_mosaic_config(64, 8)
     assert seen["config"] == dataclasses.replace(default, early_k_wait=False)
+    assert seen["config"].persistent  # 8 keys: the short-length default
     assert (seen["backward_config"].block_q_dkv, seen["backward_config"].num_stages_dkv) == (64, 2)
     assert impls.lookup("jax.nn:cudnn") is impls.IMPLS["jax.nn:cudnn"]
     with pytest.raises(KeyError):
         impls.lookup("pallas_flash:nope")
     with pytest.raises(ValueError, match="block_size=64"):
         impls.lookup("pallas_flash:mosaic/block_size=64")
-    with pytest.raises(ValueError, match="name it fwd.schedule_barrier or bwd.schedule_barrier"):
-        impls.lookup("pallas_flash:mosaic/schedule_barrier=true")
-    seen.clear()
-    impls.lookup("pallas_flash:mosaic/bwd.schedule_barrier=true").fn(q, q, q, causal=False)
-    assert seen["backward_config"].schedule_barrier and seen["config"] == default
+    with pytest.raises(ValueError, match="not true, false or an int"):
+        impls.lookup("pallas_flash:mosaic/fused=yes")
+    seen.clear()  # the forward default at the call's key length (persistent up to 2048)
+    k = jnp.zeros((1, 4096, 2, 64), jnp.bfloat16)
+    impls.lookup("pallas_flash:mosaic/fused=true").fn(q, k, k, causal=False)
+    assert seen["backward_config"].fused and not seen["config"].persistent
+    assert seen["config"] == mosaic_config.default_mosaic_config(64, 4096)
     with pytest.raises(SystemExit):  # the CLI names the bad field before running anything
         bench.main(["--suite", "quick", "--impls", "pallas_flash:mosaic/num_stages=x"])

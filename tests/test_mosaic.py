@@ -24,7 +24,12 @@ from pallas_flash import masks, reference
 from pallas_flash.configs import TritonBwdConfig, TritonConfig
 from pallas_flash.logits import Logits
 from pallas_flash.mosaic import forward as mosaic_forward
-from pallas_flash.mosaic.config import MosaicBwdConfig, MosaicConfig, default_mosaic_config
+from pallas_flash.mosaic.config import (
+    MosaicBwdConfig,
+    MosaicConfig,
+    default_mosaic_config,
+    padded_head_dim,
+)
 from pallas_flash.triton import backward as triton_backward
 from tests.cases import CASES, Case, packed, seed_of, tolerance_check
 
@@ -453,11 +458,29 @@ def test_compiled_kernel_with_segment_ids_lowers_for_hopper(head_dim, schedule):
     assert "mosaic_gpu" in traced.lower(lowering_platforms=("cuda",)).as_text()
 
 
+@pytest.mark.parametrize("seq_k", [None, 1024])
 @pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
-def test_default_configs_fit_in_shared_memory(head_dim):
-    config = default_mosaic_config(head_dim)
+def test_default_configs_fit_in_shared_memory(head_dim, seq_k):
+    config = default_mosaic_config(head_dim, seq_k)
     assert config.smem_bytes(head_dim) <= 227 * 1024
     assert dataclasses.replace(config, p_in_registers=False).smem_bytes(head_dim) <= 227 * 1024
+
+
+def test_default_is_persistent_only_where_measured_faster():
+    """Head dim 64 (33-64 padded) up to 2048 keys (1.05-1.13x there); slower at 128
+    and 256 and not timed at 64 beyond 2k (mosaic/config.py)."""
+    for head_dim, seq_k, want in [
+        (64, 1, True),
+        (48, 2048, True),
+        (64, 2049, False),
+        (64, None, False),
+        (32, 1024, True),  # padded to 64: the same kernel and tiles
+        (128, 1024, False),
+        (256, 1024, False),
+    ]:
+        config = default_mosaic_config(head_dim, seq_k)
+        assert config.persistent == want, (head_dim, seq_k)
+        assert config.o_buffer(padded_head_dim(head_dim)) == want  # O has its own buffer
 
 
 # --- compiled, on the H200 -------------------------------------------------------------

@@ -169,27 +169,13 @@ CONFIGS = [
     MosaicBwdConfig(split_dkv=True, block_q_dkv=128, block_kv_dq=128, num_stages_dkv=3),
     # 128-key dK/dV tiles, 128-row dQ tiles in one warpgroup.
     MosaicBwdConfig(block_kv_dkv=128, block_q_dq=128, consumers_dq=1, num_stages_dq=3),
-    # The consumers of both kernels ping-pong, each owning a tile or sharing one (split).
-    MosaicBwdConfig(schedule_barrier=True),
-    MosaicBwdConfig(schedule_barrier=True, split_dkv=True, block_q_dkv=128),
 ]
 
 
 def _config_id(c: MosaicBwdConfig) -> str:
     dkv = f"dkv{c.consumers_dkv}x{c.block_kv_dkv}-q{c.block_q_dkv}-s{c.num_stages_dkv}"
     dq = f"dq{c.consumers_dq}x{c.block_q_dq}-kv{c.block_kv_dq}-s{c.num_stages_dq}"
-    return f"{dkv}{'-split' if c.split_dkv else ''}-{dq}{'-pingpong' if c.schedule_barrier else ''}"
-
-
-def test_interpret_schedule_barrier_changes_no_bit():
-    """Ping-pong only orders the consumers' turns: the gradients are the same bits (a
-    GQA group of 2, causal, a ragged length: masked, full and skipped tiles)."""
-    case = Case(1, 150, 200, 2, 1, 64, BF16, causal=True, kv_lens=(170,))
-    plain, pingpong = (
-        _compare(case, MosaicBwdConfig(schedule_barrier=flag), interpret=True, seed=1)
-        for flag in (False, True)
-    )
-    chex.assert_trees_all_equal(plain, pingpong)
+    return f"{dkv}{'-split' if c.split_dkv else ''}-{dq}"
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=_config_id)
@@ -297,15 +283,6 @@ def test_config_validation():
             MosaicBwdConfig(**{field: value})
     with pytest.raises(ValueError, match="split_dkv"):
         MosaicBwdConfig(split_dkv=True, consumers_dkv=1)
-    for kwargs in (
-        {"fused": True},
-        {"consumers_dkv": 1},
-        {"consumers_dq": 1},
-        {"num_stages_dkv": 1},
-        {"num_stages_dq": 1},
-    ):
-        with pytest.raises(ValueError, match="schedule_barrier needs two consumers"):
-            MosaicBwdConfig(schedule_barrier=True, **kwargs)
     q = jnp.ones((1, 8, 1, 256), BF16)
     lse = jnp.zeros((1, 1, 8), jnp.float32)
     lens = jnp.full((1,), 8, jnp.int32)
@@ -456,21 +433,19 @@ LOWERINGS = {
 }
 
 
-@pytest.mark.parametrize(
-    "in_registers", [True, False, "pingpong"], ids=["regs", "staged", "pingpong"]
-)
+@pytest.mark.parametrize("in_registers", [True, False, "dq2"], ids=["regs", "staged", "dq2"])
 @pytest.mark.parametrize("head_dim,dtype,spec", LOWERINGS.values(), ids=LOWERINGS.keys())
 def test_compiled_kernels_lower_for_hopper(head_dim, dtype, spec, in_registers):
     """Lowering for CUDA runs on CPU: Pallas to the Mosaic GPU dialect, its layout
     inference for sm_90 (the register operands of wgmma included), the lowering of
     that dialect and the shared-memory check, for both kernels. What is left for the
-    GPU: LLVM/PTX code generation, ptxas (register spills), and running it. (pingpong:
-    operands in registers and schedule_barrier, with two dQ consumers at every head dim.)"""
+    GPU: LLVM/PTX code generation, ptxas (register spills), and running it. (dq2:
+    operands in registers with two dQ consumers at every head dim.)"""
     config = dataclasses.replace(
         default_mosaic_bwd_config(head_dim), operands_in_registers=bool(in_registers)
     )
-    if in_registers == "pingpong":
-        config = dataclasses.replace(config, consumers_dq=2, schedule_barrier=True)
+    if in_registers == "dq2":
+        config = dataclasses.replace(config, consumers_dq=2)
         if head_dim == 256:  # two dQ warpgroups' Q and dO beside the K/V ring: too big
             with pytest.raises(ValueError, match="shared memory in its dQ kernel at head dim 256"):
                 mosaic_backward.check_fits(config, head_dim)
@@ -591,15 +566,6 @@ def test_gpu_matches_reference(case, in_registers):
     config = dataclasses.replace(
         default_mosaic_bwd_config(case.head_dim), operands_in_registers=in_registers
     )
-    _compare(case, config, interpret=False, seed=_seed(case))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", [c for c in GPU_CASES if c.head_dim <= 128], ids=lambda c: c.id)
-def test_gpu_schedule_barrier_matches_reference(case):
-    """The ping-pong backward compiled (operands in registers) over the table to head
-    dim 128 (above, the dQ kernel has one consumer: nobody to take turns with)."""
-    config = dataclasses.replace(default_mosaic_bwd_config(case.head_dim), schedule_barrier=True)
     _compare(case, config, interpret=False, seed=_seed(case))
 
 

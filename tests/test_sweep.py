@@ -126,7 +126,6 @@ DKV_FIELDS = (
     "num_stages_dkv",
     "consumers_dkv",
     "split_dkv",
-    "schedule_barrier",  # both kernels' ping-pong, varied with the dK/dV fields
 )
 DQ_FIELDS = ("block_q_dq", "block_kv_dq", "num_stages_dq", "consumers_dq")
 

@@ -94,7 +94,6 @@ from pallas_flash.mosaic.config import (
 from pallas_flash.mosaic.forward import (
     _COL,
     _ROW,
-    PingPong,
     _pad,
     intersect_tables,
     stream_kv_tiles,
@@ -132,15 +131,13 @@ def _accumulate(terms, staging):
     return out
 
 
-def _products(pairs, shape, after_issue=lambda: None):
+def _products(pairs, shape):
     """[a @ b for (a, b) in pairs], both shared-memory refs, into fresh float32
-    accumulators of `shape`, issued together and awaited once; `after_issue` runs
-    between the two."""
+    accumulators of `shape`, issued together and awaited once."""
 
     def mma(*acc_refs):
         for acc_ref, (a, b) in zip(acc_refs, pairs):
             plgpu.wgmma(acc_ref, a, b)
-        after_issue()
         return tuple(acc_ref[...] for acc_ref in acc_refs)
 
     return pl.run_scoped(mma, *(plgpu.ACC(shape, jnp.float32) for _ in pairs))
@@ -176,7 +173,6 @@ def _dkdv_kernel(
     do_ready,
     free,
     done,
-    turns,
     fused_scratch,
     spec: masks.MaskSpec,
     scale: float,
@@ -298,7 +294,6 @@ def _dkdv_kernel(
         diag = masks.offset(spec, q_len, kv_len)
         c = scale * LOG2E  # base-2 scores: log2(e) folded into the scale
         shape = (bk, bq)  # S^T and its kin: keys on the rows, queries on the columns
-        pingpong = PingPong(turns, w)
 
         def body(i, carry, *, g, masked: bool):
             step = step_of(g, i)
@@ -309,7 +304,7 @@ def _dkdv_kernel(
             pairs = [(k_tile, q_tile.transpose((1, 0)))]  # s^T = k @ q.T: [bk, bq]
             if does_dk:
                 pairs.append((v_tile, do_tile.transpose((1, 0))))  # dp^T = v @ do.T: [bk, bq]
-            products = _products(pairs, shape, pingpong.meet)
+            products = _products(pairs, shape)
             lse2 = plgpu.load(lse_smem.at[slot], layout=_COL)  # [bq], base 2, +inf if empty
             p_t = jnp.exp2(products[0] * c - _bcast(lse2, shape, 1))  # [bk, bq]
             if masked:  # the structural masks cut this tile (full tiles skip this work)
@@ -334,8 +329,6 @@ def _dkdv_kernel(
                 terms.append((carry[-1], ds_t, q_tile))  # dk += ds^T @ q: [bk, hp]
                 if config.fused:  # the other consumers' dQ slices read this tile's dS^T
                     dq_adds.share_ds(fused_scratch, step, w, ds_t)
-            pingpong.elementwise_done()
-            pingpong.my_turn()
             carry = tuple(_accumulate(terms, staging))
             plgpu.barrier_arrive(free.at[slot])
             if config.fused:
@@ -354,9 +347,7 @@ def _dkdv_kernel(
         plgpu.barrier_wait(kv_ready)
         if kv_seg_ref is not None:
             k_segs = plgpu.load(kv_seg_smem.at[t], layout=_ROW)  # [bk]: the tile's key ids
-        pingpong.start()
         accs = lax.fori_loop(0, group, per_head, (zeros,) * (does_dv + does_dk))
-        pingpong.end()
         if config.split_dkv:  # K and V are read by both warpgroups until both are done
             plgpu.barrier_arrive(done)
             plgpu.barrier_wait(done)
@@ -409,7 +400,6 @@ def _dq_kernel(
     v_ready,
     k_free,
     v_free,
-    turns,
     spec: masks.MaskSpec,
     scale: float,
     config: MosaicBwdConfig,
@@ -468,7 +458,6 @@ def _dq_kernel(
         diag = masks.offset(spec, q_len, kv_len)
         c = scale * LOG2E
         shape = (bq, bk)
-        pingpong = PingPong(turns, wg)
 
         def body(j, dq, *, masked: bool):
             slot = slot_of(j)
@@ -481,7 +470,6 @@ def _dq_kernel(
                     (do_tile, v_tile.transpose((1, 0))),  # dp = do @ v.T: [bq, bk]
                 ],
                 shape,
-                pingpong.meet,
             )
             plgpu.barrier_arrive(v_free.at[slot])
             p = jnp.exp2(s * c - _bcast(lse2, shape, 0))  # [bq, bk]
@@ -496,8 +484,6 @@ def _dq_kernel(
                     segs = (_bcast(q_segs, shape, 0), _bcast(k_segs, shape, 1))
                 p = jnp.where(masks.tile_mask(spec, rows, cols, kv_len, diag, segs), p, 0.0)
             ds = p * (dp - _bcast(delta, shape, 0))  # [bq, bk]
-            pingpong.elementwise_done()
-            pingpong.my_turn()
             (dq,) = _accumulate([(dq, ds.astype(dtype), k_tile)], staging)  # dq += ds @ k
             plgpu.barrier_arrive(k_free.at[slot])
             return dq
@@ -508,11 +494,9 @@ def _dq_kernel(
         if q_seg_ref is not None:
             q_segs = plgpu.load(q_seg_smem.at[wg], layout=_ROW)  # [bq]: the rows' ids
         dq = plgpu.layout_cast(jnp.zeros((bq, q_tile.shape[-1]), jnp.float32), plgpu.Layout.WGMMA)
-        pingpong.start()
         dq = lax.fori_loop(lo, full_lo, functools.partial(body, masked=True), dq)
         dq = lax.fori_loop(full_lo, full_hi, functools.partial(body, masked=False), dq)
         dq = lax.fori_loop(full_hi, hi, functools.partial(body, masked=True), dq)
-        pingpong.end()
         q_tile[...] = (dq * scale).astype(dtype)  # dS was of the scaled scores
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(q_tile, dq_ref.at[rows_of])
@@ -693,7 +677,6 @@ def backward(
             do_ready=plgpu.Barrier(num_arrivals=2, num_barriers=stages),  # dO and D
             free=plgpu.Barrier(num_arrivals=c_dkv, num_barriers=stages),
             done=plgpu.Barrier(num_arrivals=2) if config.split_dkv else None,
-            turns=plgpu.Barrier(num_arrivals=2) if config.schedule_barrier else None,
             fused_scratch=(
                 dq_adds.scratch(config, hp, q.dtype, transforms, interpreted) if fused else None
             ),
@@ -748,7 +731,6 @@ def backward(
             v_ready=plgpu.Barrier(num_barriers=stages),
             k_free=plgpu.Barrier(num_arrivals=c_dq, num_barriers=stages),
             v_free=plgpu.Barrier(num_arrivals=c_dq, num_barriers=stages),
-            turns=plgpu.Barrier(num_arrivals=2) if config.schedule_barrier else None,
         ),
         grid=(N, num_q_tiles, B),
         grid_names=("heads", "q_tiles", "batch"),

@@ -7,8 +7,9 @@ Default-config table (16-bit inputs; head dim padded up to a multiple of 64):
 | head dim (padded) | rows per warpgroup x block_kv | stages | shared memory (bytes) |
 |-------------------|-------------------------------|--------|-----------------------|
 | 64                | 64 x 256, early K wait        | 2      | 151,128 (bound)       |
+| 64, keys <= 2048  | the same, persistent          | 2      | 167,512 (bound)       |
 | 128               | 64 x 128, early K wait        | 2      | 167,000               |
-| 192, 256          | 64 x 64                       | 2      | 150,616, 199,768      |
+| 192, 256          | 64 x 64, early K wait         | 2      | 150,616, 199,768      |
 
 (Shared memory as Mosaic GPU's lowering reports it, with P in registers; "bound":
 `smem_bytes`' upper bound, for rows not yet read off a lowering.)
@@ -33,7 +34,20 @@ gpu_run.sh step `sweep-mosaic:HD:fwd`; B=2, T=S=8k, bf16; TFLOP/s non-causal / c
   suite beside the peers (`results/mosaic-e5ca198/fa-mosaic-64-*.jsonl`) it runs
   0.98-1.04x the best peer non-causal and 0.88-1.08x causal from 2k (0.87x and 0.75x
   at 1k), where 128-key tiles had 0.85-0.92x and 0.85-0.96x (`fa-a8d81d9/`).
-- Head dims 192 and 256: not swept yet (the defaults without the early wait).
+- Head dim 256 (`results/mosaic-d2f5aa4/sweep-mosaic-256-fwd-110.jsonl`, the 18
+  candidates that fit, each causal and not): the early K wait wins here too, 578 / 603
+  -> 609 / 612 (1.05x / 1.01x); with rescale_before_turn as well 604 / 624; without
+  ping-pong 578 / 623; intra_overlap 412 / 404; persistent 604 / 496 (0.82x causal).
+  Head dim 192 follows 256 (same tiles), not swept.
+- The persistent grid (`persistent=True`) beside the default and the peers in one run
+  (`results/mosaic-d2f5aa4/fa-mosaic-64-persistent.jsonl`, `-64-true-persistent`,
+  `-128-true.jsonl`): at head dim 64 it is 1.13x / 1.06x the default non-causal at 1k /
+  2k (410.6 / 455.7 TFLOP/s, 1.02x / 1.05x the best peer) and 1.08x / 1.05x causal;
+  at head dim 128 causal it is 0.96x, 0.89x, 0.82x and 0.87x at 1k, 2k, 8k and 16k,
+  and at 256 causal 8k 0.82x. So it is the default at head dim 64 for key lengths up
+  to 2048 only (`default_mosaic_config(head_dim, seq_k)`), where a CTA's walk is at
+  most eight 256-key tiles and its prologue and epilogue weigh most; at 4k and up at
+  head dim 64 it has not been timed.
 Starting points came from JAX's own Mosaic FA3
 (`jax/experimental/pallas/ops/gpu/attention_mgpu.py`), whose benchmark keeps 64 query
 rows per warpgroup and two K/V stages and takes the first block_kv of 256, 128, 64 that
@@ -128,8 +142,8 @@ class MosaicConfig:
       (alone 576 / 559 TFLOP/s, with it 573 / 600; module docstring).
     early_k_wait: wait for the next K tile while this tile's P V runs (JAX's Mosaic FA3
       and tokamax do), instead of at the top of the next step, where the wait sits
-      between our turn and the next Q K^T. On at head dims up to 128, where the sweep
-      measured it (module docstring): 1.05-1.09x. Above, not yet measured.
+      between our turn and the next Q K^T. On at every head dim: the sweeps measured
+      1.05-1.09x at 64 and 128 and 1.05x / 1.01x at 256 (module docstring).
     intra_overlap: FA3's intra-warpgroup pipelining: tile j's Q K^T and tile j - 1's
       P V are issued together and tile j's softmax runs while that P V does (neither
       JAX's Mosaic FA3 nor tokamax does; FA3's ablation credits it with about 13 % at
@@ -216,12 +230,6 @@ class MosaicBwdConfig:
       unused. Each consumer computes its slice of the share (head-dim columns, or rows
       when the columns would be narrower than 64) over the CTA's keys. Off by default:
       on the H200 it is exact and bitwise deterministic, but 0.64-0.69x the pair's speed.
-    schedule_barrier: the forward's ping-pong in both kernels: their two consumers take
-      turns at the tensor cores, so that one's elementwise work (exp2, masks, dS) runs
-      beside the other's matmuls instead of both idling them at once (they walk the same
-      tiles in step). Needs two consumers and two stages in each kernel (a consumer
-      frees its slot only after its second turn); not with fused. Off until measured on
-      the H200.
     """
 
     block_q_dkv: int = 64
@@ -235,7 +243,6 @@ class MosaicBwdConfig:
     consumers_dq: int = 2
     operands_in_registers: bool = True
     fused: bool = False
-    schedule_barrier: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
@@ -252,18 +259,6 @@ class MosaicBwdConfig:
             raise ValueError(f"split_dkv needs consumers_dkv=2, not {self.consumers_dkv}")
         if self.fused and self.split_dkv:
             raise ValueError("fused needs split_dkv=False: each consumer owns a key tile")
-        if self.schedule_barrier and (
-            self.fused
-            or 1 in (self.consumers_dkv, self.consumers_dq, self.num_stages_dkv, self.num_stages_dq)
-        ):
-            # One slot deadlocks: a consumer frees its tile only after its second turn,
-            # which waits for the other to reach the next tile, which waits for that slot.
-            raise ValueError(
-                "schedule_barrier needs two consumers and at least two stages in each kernel "
-                f"(consumers_dkv={self.consumers_dkv}, consumers_dq={self.consumers_dq}, "
-                f"num_stages_dkv={self.num_stages_dkv}, num_stages_dq={self.num_stages_dq}) "
-                "and fused=False"
-            )
 
     def dq_part(self, head_dim: int) -> tuple[int, int]:
         """(rows, columns) of the fused dQ share one consumer computes: the head-dim
@@ -313,17 +308,26 @@ def padded_head_dim(head_dim: int) -> int:
     return -(-head_dim // 64) * 64
 
 
-def default_mosaic_config(head_dim: int) -> MosaicConfig:
-    """The default table's row for this head dim (16-bit inputs only)."""
+# Key lengths up to which the head-dim-64 default is persistent (measured at 1k and 2k).
+PERSISTENT_MAX_KEYS = 2048
+
+
+def default_mosaic_config(head_dim: int, seq_k: int | None = None) -> MosaicConfig:
+    """The default table's row for this head dim (16-bit inputs only) and key length
+    (None: a long one)."""
     hp = padded_head_dim(head_dim)
     if hp == 64:
         # 256-key tiles: the sweep at 06da646 (B=2, T=S=8k) ran 466 / 453 TFLOP/s (full /
         # causal) against 438 / 422 for 128-key tiles (1.06x / 1.07x): at head dim 64 a
         # tile's matmuls are short, and a longer tile halves the steps' fixed costs.
-        return MosaicConfig(block_q=64, block_kv=256, num_stages=2, early_k_wait=True)
+        # Persistent at short lengths: 1.05-1.13x there (module docstring).
+        short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS
+        return MosaicConfig(
+            block_q=64, block_kv=256, num_stages=2, early_k_wait=True, persistent=short
+        )
     if hp <= 128:
         return MosaicConfig(block_q=64, block_kv=128, num_stages=2, early_k_wait=True)
-    return MosaicConfig(block_q=64, block_kv=64, num_stages=2)
+    return MosaicConfig(block_q=64, block_kv=64, num_stages=2, early_k_wait=True)
 
 
 def fused_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:

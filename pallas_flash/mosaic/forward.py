@@ -211,14 +211,14 @@ def drain_ring(free, end, stages: int):
 
 class PingPong:
     """FA3's ping-pong of two consumer warpgroups over a `turns` barrier (two arrivals),
-    for steps of one shape: products, elementwise work (the forward's softmax; the
-    backward's exp2, masks and dS), more products. A consumer meets the other after
-    issuing a step's first products (`meet`: ours are issued, the other may issue its
-    own), arrives when its elementwise work is done (`elementwise_done`) and waits for
-    its turn before the next products (`my_turn`); consumer 1 meets once before the first
-    step (`start`) and consumer 0 once after the last (`end`), so that one's elementwise
-    work runs beside the other's matmuls. Both must walk the same number of steps, so
-    that neither waits forever. `turns` None (no ping-pong): every call is a no-op."""
+    for steps of one shape: products, elementwise work (the softmax), more products. A
+    consumer meets the other after issuing a step's first products (`meet`: ours are
+    issued, the other may issue its own), arrives when its elementwise work is done
+    (`elementwise_done`) and waits for its turn before the next products (`my_turn`);
+    consumer 1 meets once before the first step (`start`) and consumer 0 once after the
+    last (`end`), so that one's elementwise work runs beside the other's matmuls. Both
+    must walk the same number of steps, so that neither waits forever. `turns` None (no
+    ping-pong): every call is a no-op."""
 
     def __init__(self, turns, wg):
         self.turns, self.wg = turns, wg  # wg: the consumer's index, static or traced

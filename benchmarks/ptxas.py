@@ -1,0 +1,121 @@
+"""Registers and spills of each Mosaic GPU kernel, as ptxas reports them (on the GPU).
+
+    python -m benchmarks.ptxas --impls pallas_flash:mosaic,pallas_flash:mosaic-fused \
+        --head-dims 64,128 --out F.jsonl
+
+For each implementation (a bench name, config variants included:
+`pallas_flash:mosaic/persistent=true`), head dim and causal flag, a child process
+compiles one jitted forward + backward (B=1, T=S=1024, bf16, heads = 2048 / head dim)
+with MOSAIC_GPU_DUMP_PTXAS=1 and the compilation cache off, so that ptxas runs and
+prints its verbose report; every kernel in it becomes a row: registers per thread,
+stack frame, spill stores and spill loads (bytes). A warp-specialised kernel sets its
+warpgroups' register budgets itself (setmaxnreg), so a spill here means some warpgroup
+holds more than its budget: the first thing to rule out when a kernel is slower than
+its matmul count says (the fused backward, README).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+
+
+def parse_ptxas(text: str) -> list[dict]:
+    """One dict per entry function in ptxas's verbose report (`ptxas -v`), in order:
+    kernel, registers, stack_bytes, spill_store_bytes, spill_load_bytes (None where the
+    report has no such line)."""
+    kernels: list[dict] = []
+    for line in text.splitlines():
+        if m := _ENTRY.search(line):
+            kernels.append(
+                dict(
+                    kernel=m.group(1),
+                    registers=None,
+                    stack_bytes=None,
+                    spill_store_bytes=None,
+                    spill_load_bytes=None,
+                )
+            )
+        elif kernels and (m := _FRAME.search(line)):
+            k = kernels[-1]
+            k["stack_bytes"], k["spill_store_bytes"], k["spill_load_bytes"] = map(int, m.groups())
+        elif kernels and (m := _USED.search(line)):
+            kernels[-1]["registers"] = int(m.group(1))
+    return kernels
+
+
+def shape(head_dim: int, causal: bool):
+    from benchmarks import suites
+
+    heads = 2048 // head_dim
+    return suites.Shape(1, 1024, 1024, heads, heads, head_dim, causal)
+
+
+def child(impl_name: str, head_dim: int, causal: bool) -> None:
+    import jax
+
+    jax.config.update("jax_enable_compilation_cache", False)  # ptxas must run
+    from benchmarks import bench
+    from benchmarks.impls import lookup
+
+    s = shape(head_dim, causal)
+    q, k, v, do, arrays, static = bench.make_inputs(s, s.dtype)
+    _, fwd_bwd = bench._bind(lookup(impl_name), s, static)
+    jax.block_until_ready(jax.jit(fwd_bwd)(q, k, v, do, arrays))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--impls", default="pallas_flash:mosaic,pallas_flash:mosaic-fused")
+    parser.add_argument("--head-dims", default="64,128,256")
+    parser.add_argument("--causal", default="false,true")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--timeout", type=float, default=240, help="seconds per child")
+    parser.add_argument("--child", nargs=3, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        impl, head_dim, causal = args.child
+        child(impl, int(head_dim), causal == "true")
+        return 0
+    env = dict(os.environ, MOSAIC_GPU_DUMP_PTXAS="1")
+    for impl in args.impls.split(","):
+        for head_dim in map(int, args.head_dims.split(",")):
+            for causal in args.causal.split(","):
+                cmd = [sys.executable, "-m", "benchmarks.ptxas", "--child", impl]
+                cmd += [str(head_dim), causal]
+                row = dict(impl=impl, **shape(head_dim, causal == "true").row(), error=None)
+                try:
+                    proc = subprocess.run(
+                        cmd, capture_output=True, text=True, env=env, timeout=args.timeout
+                    )
+                    row["kernels"] = parse_ptxas(proc.stdout + "\n" + proc.stderr)
+                    if proc.returncode:
+                        row["error"] = f"exit {proc.returncode}: {proc.stderr[-300:]}"
+                    elif not row["kernels"]:
+                        row["error"] = "no ptxas report in the child's output"
+                except subprocess.TimeoutExpired:
+                    row["kernels"], row["error"] = [], f"timeout after {args.timeout} s"
+                print(f"== {impl} h{head_dim} causal={causal} {row['error'] or ''}", flush=True)
+                for kern in row["kernels"]:
+                    print(
+                        f"  {kern['registers']} regs, spills {kern['spill_store_bytes']} B "
+                        f"stored / {kern['spill_load_bytes']} B loaded, stack "
+                        f"{kern['stack_bytes']} B: {kern['kernel'][:70]}",
+                        flush=True,
+                    )
+                if args.out:
+                    with open(args.out, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
