@@ -101,22 +101,30 @@ from pallas_flash.mosaic.forward import (
 )
 
 
-def _accumulate(terms, staging):
+def _accumulate(terms, staging, then=None):
     """[acc + a @ b for (acc, a, b) in terms]: `a` [M, K] in registers, `b` a [K, N]
     shared-memory ref, float32 accumulators.
 
     staging None: the products are issued back to back, in place on the accumulators,
-    and awaited together. Otherwise each `a` is stored to `staging` and its product
-    lands in a fresh accumulator that is added (GPU interpret mode, see module doc).
+    and awaited together. `then`, an (accumulator, issue) pair, adds one more
+    accumulator to the set: issue(ref) runs right after the terms' products are issued
+    and issues its own into ref, so that they queue behind them; it comes back last.
+    Otherwise each `a` is stored to `staging` and its product lands in a fresh
+    accumulator that is added (GPU interpret mode, see module doc).
     """
     if staging is None:
+        extra = () if then is None else (then[0],)
 
         def mma(acc_refs):
             for acc_ref, (_, a, b) in zip(acc_refs, terms):
                 plgpu.wgmma(acc_ref, a, b)
+            if then is not None:
+                then[1](acc_refs[-1])
 
         # run_state awaits the wgmmas before returning the accumulators.
-        return list(pl.run_state(mma)(tuple(plgpu.ACC.init(acc) for acc, _, _ in terms)))
+        accs = (acc for acc, _, _ in terms)
+        return list(pl.run_state(mma)(tuple(plgpu.ACC.init(acc) for acc in (*accs, *extra))))
+    assert then is None, "staged products run one by one"
     out = []
     for acc, a, b in terms:
         staging[...] = a
@@ -329,6 +337,13 @@ def _dkdv_kernel(
                 terms.append((carry[-1], ds_t, q_tile))  # dk += ds^T @ q: [bk, hp]
                 if config.fused:  # the other consumers' dQ slices read this tile's dS^T
                     dq_adds.share_ds(fused_scratch, step, w, ds_t)
+            if config.share_in_flight:  # the share's wgmmas queue behind dK's and dV's
+                zeros = plgpu.layout_cast(jnp.zeros(part, jnp.float32), plgpu.Layout.WGMMA)
+                issue = functools.partial(dq_adds.issue_share, fused_scratch, w, k_smem, part)
+                *accs, share = _accumulate(terms, staging, (zeros, issue))
+                plgpu.barrier_arrive(free.at[slot])
+                dq_adds.hand_share(fused_scratch, step, w, share)
+                return tuple(accs)
             carry = tuple(_accumulate(terms, staging))
             plgpu.barrier_arrive(free.at[slot])
             if config.fused:
@@ -593,7 +608,7 @@ def backward(
     if interpret is True:
         interpret = plgpu.InterpretGPUParams()
     if interpret is not False:  # the interpreter's wgmma reads shared memory only
-        config = dataclasses.replace(config, operands_in_registers=False)
+        config = dataclasses.replace(config, operands_in_registers=False, share_in_flight=False)
 
     # One padded length serves both kernels: whole dK/dV query tiles and dQ CTAs, whole
     # dK/dV CTAs and dQ key tiles.

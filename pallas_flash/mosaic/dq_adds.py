@@ -125,12 +125,10 @@ def share_ds(s, step, w: int, ds_t):
     plgpu.barrier_arrive(s["ds_ready"])
 
 
-def dq_share(s, step, w: int, k_smem, part: tuple[int, int]):
-    """Consumer `w`'s slice of this step's dQ share, dS @ K over every key tile of the
-    CTA, handed to the writer (unscaled; backward.py scales the sum)."""
+def share_pairs(s, w: int, k_smem, part: tuple[int, int]):
+    """The (A, B) shared-memory operands of consumer `w`'s slice of the dQ share,
+    dS @ K over every key tile of the CTA ([rows, cols] from each pair)."""
     rows, cols = part
-    slot = lax.rem(step, jnp.int32(SLOTS))
-    plgpu.barrier_wait(s["ds_ready"])  # every consumer's dS^T is in
     pairs = []
     for t in range(s["ds"].shape[0]):
         ds_t, k_t = s["ds"].at[t], k_smem.at[t]  # [bk, bq], [bk, hp]
@@ -139,13 +137,35 @@ def dq_share(s, step, w: int, k_smem, part: tuple[int, int]):
         if cols < k_t.shape[1]:
             k_t = k_t.at[:, pl.ds(w * cols, cols)]
         pairs.append((ds_t.transpose((1, 0)), k_t))  # ds @ k: [rows, cols]
+    return pairs
+
+
+def issue_share(s, w: int, k_smem, part: tuple[int, int], acc_ref, *, wait: bool = True):
+    """Issues consumer `w`'s slice of this step's dQ share into `acc_ref` (float32
+    [rows, cols], unscaled: backward.py scales the sum), once every consumer's dS^T is
+    in (`wait`: waits for that here); the caller awaits the wgmmas."""
+    if wait:
+        plgpu.barrier_wait(s["ds_ready"])  # every consumer's dS^T is in
+    for a, b in share_pairs(s, w, k_smem, part):
+        plgpu.wgmma(acc_ref, a, b)
+
+
+def dq_share(s, step, w: int, k_smem, part: tuple[int, int]):
+    """Consumer `w`'s slice of this step's dQ share, computed alone (after dK's and dV's
+    wait) and handed to the writer."""
+    plgpu.barrier_wait(s["ds_ready"])  # every consumer's dS^T is in
 
     def mma(acc_ref):
-        for a, b in pairs:
-            plgpu.wgmma(acc_ref, a, b)
+        issue_share(s, w, k_smem, part, acc_ref, wait=False)
         return acc_ref[...]  # awaits the wgmmas
 
-    share = pl.run_scoped(mma, plgpu.ACC((rows, cols), jnp.float32))
+    hand_share(s, step, w, pl.run_scoped(mma, plgpu.ACC(part, jnp.float32)))
+
+
+def hand_share(s, step, w: int, share):
+    """Frees the dS^T tiles (the share's wgmmas have read them) and hands consumer
+    `w`'s share slice to the writer through this step's slot."""
+    slot = lax.rem(step, jnp.int32(SLOTS))
     plgpu.barrier_arrive(s["ds_free"])  # done reading the dS^T tiles
 
     @pl.when(step >= SLOTS)  # the writer has sent this slot's share of SLOTS steps back
