@@ -158,6 +158,64 @@ def summary_table(
     return "\n".join(head + out) + "\n"
 
 
+def latest_table(
+    rows: list[dict],
+    ours: str = "pallas_flash:mosaic",
+    peer: str = "jax.nn:cudnn",
+    required: tuple[str, ...] = ("jax.nn:cudnn", "tokamax:mosaic"),
+) -> str:
+    """Issue 5's standing, point by point: for each (head dim, causal, pass, seq) of the
+    fa suite, `ours` (the default config of the run's commit) against the best peer
+    (forward) or against `peer` (backward), from the newest run that measured both
+    there (run ids begin with the date and time); a forward ratio counts only from a
+    run that also timed every peer in `required`. The runs used are listed below."""
+    points = collections.defaultdict(lambda: collections.defaultdict(dict))
+    for r in rows:
+        if r.get("suite") != "fa" or r["mask"] != "none" or r["pass"] not in ("fwd", "bwd"):
+            continue
+        if r["error"] or not r["tflops"]:
+            continue
+        key = (r["head_dim"], r["causal"], r["pass"], r["seq_q"])
+        points[key][r["run_id"]][r["impl"]] = r["tflops"]
+    cells = {}
+    for key, runs in points.items():
+        for run_id in sorted(runs, reverse=True):
+            got = runs[run_id]
+            if ours not in got:
+                continue
+            if key[2] == "fwd":
+                if not all(i in got for i in required):
+                    continue
+                against = max(t for i, t in got.items() if not _ours(i))
+            elif peer in got:
+                against = got[peer]
+            else:
+                continue
+            cells[key] = (got[ours] / against, run_id)
+            break
+    if not cells:
+        return ""
+    runs = sorted({run_id for _, run_id in cells.values()})
+    tag = {run_id: chr(ord("a") + i) for i, run_id in enumerate(runs)}
+    seqs = sorted({key[3] for key in cells})
+    out = [
+        f"{ours} point by point, from the newest run that timed it beside the peers there: "
+        f"forward against the best peer, backward against {peer} (the letter names the run)",
+        "",
+        "| head dim | causal | pass | " + " | ".join(_seq_label(t) for t in seqs) + " |",
+        "|---" * (len(seqs) + 3) + "|",
+    ]
+    for hd, causal, p in sorted({key[:3] for key in cells}):
+        row = []
+        for t in seqs:
+            c = cells.get((hd, causal, p, t))
+            row.append("-" if c is None else f"{c[0]:.2f}x {tag[c[1]]}")
+        out.append(f"| {hd} | {'yes' if causal else 'no'} | {p} | " + " | ".join(row) + " |")
+    out.append("")
+    out += [f"{tag[run_id]}: {run_id}" for run_id in runs]
+    return "\n".join(out) + "\n"
+
+
 def memory_table(rows: list[dict]) -> str:
     rs = [r for r in rows if r["suite"] == "memory"]
     if not rs:
@@ -538,6 +596,7 @@ def main(argv=None):
     for text in (
         speed_tables(speed),
         summary_table(speed),
+        latest_table(speed),
         memory_table(bench_rows),
         masks_table(bench_rows),
         mask_layouts_table(bench_rows),

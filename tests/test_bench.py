@@ -284,6 +284,36 @@ def test_summary_sets_ours_against_the_best_peer_and_cudnn():
     )
 
 
+def test_latest_table_takes_each_point_from_the_newest_full_run():
+    """render.latest_table: per point, the newest run with ours and the peers it needs
+    (a forward run without tokamax is passed over; the backward needs only cuDNN)."""
+    base = dict(suite="fa", mask="none", error=None, head_dim=64, causal=True)
+
+    def rows(run_id, p, seq, speeds):
+        return [
+            dict(base, run_id=run_id, impl=i, seq_q=seq, tflops=v, **{"pass": p})
+            for i, v in speeds.items()
+        ]
+
+    old = "20261201-000000-aaa"
+    new = "20261202-000000-bbb"
+    full = {"pallas_flash:mosaic": 300, "jax.nn:cudnn": 400, "tokamax:mosaic": 250}
+    table = render.latest_table(
+        rows(old, "fwd", 1024, full)
+        + rows(new, "fwd", 1024, {"pallas_flash:mosaic": 500, "jax.nn:cudnn": 400})
+        + rows(old, "bwd", 1024, {"pallas_flash:mosaic": 100, "jax.nn:cudnn": 200})
+        + rows(new, "bwd", 1024, {"pallas_flash:mosaic": 300, "jax.nn:cudnn": 200})
+        + rows(new, "fwd", 2048, {"pallas_flash:mosaic-fused": 1, **full})
+        + [dict(base, run_id=new, impl="pallas_flash:mosaic", seq_q=4096, tflops=None,
+                error="oom", **{"pass": "bwd"})]
+    )  # fmt: skip
+    lines = table.splitlines()
+    assert "| 64 | yes | bwd | 1.50x b | - |" in lines  # 2k untimed; 4k failed: no column
+    assert "| 64 | yes | fwd | 0.75x a | 0.75x b |" in lines
+    assert lines[-2:] == [f"a: {old}", f"b: {new}"]
+    assert render.latest_table(rows(new, "fwd", 1024, {"jax.nn:cudnn": 1})) == ""
+
+
 def test_seqs_keep_only_those_query_lengths(tmp_path, capsys):
     """--seqs narrows a suite to some lengths (a point a time budget cut); a filter that
     leaves nothing is an error naming the suite, not an empty run."""
