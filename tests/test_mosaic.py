@@ -362,6 +362,21 @@ def test_interpret_persistent_equals_one_cta_per_item(case):
     chex.assert_trees_all_equal(one, _mosaic(case, config, True, seed=1))
 
 
+@pytest.mark.parametrize("snake", [False, True])
+def test_persistent_items_cover_every_item_once(snake):
+    """Whatever the rounds (whole or partial, even or odd last), the CTAs' items are each
+    item exactly once, and the snake turns every other round around."""
+    for num_items, num_ctas in [(8, 3), (9, 3), (10, 3), (11, 3), (2048, 132), (5, 5), (2, 3)]:
+        walked = []
+        for cta in range(num_ctas):
+            n = int(mosaic_forward.persistent_item_count(cta, num_items, num_ctas, snake=snake))
+            walked += [
+                int(mosaic_forward.persistent_item(cta, i, num_ctas, snake=snake)) for i in range(n)
+            ]
+        assert sorted(walked) == list(range(num_items)), (num_items, num_ctas)
+    assert int(mosaic_forward.persistent_item(0, 1, 132, snake=snake)) == (263 if snake else 132)
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="block_q"):
         MosaicConfig(block_q=32)

@@ -47,7 +47,8 @@ gpu_run.sh step `sweep-mosaic:HD:fwd`; B=2, T=S=8k, bf16; TFLOP/s non-causal / c
   and at 256 causal 8k 0.82x. So it is the default at head dim 64 for key lengths up
   to 2048 only (`default_mosaic_config(head_dim, seq_k)`), where a CTA's walk is at
   most eight 256-key tiles and its prologue and epilogue weigh most; at 4k and up at
-  head dim 64 it has not been timed.
+  head dim 64 it has not been timed. (Measured before causal rounds alternated
+  direction: see forward.persistent_item.)
 Starting points came from JAX's own Mosaic FA3
 (`jax/experimental/pallas/ops/gpu/attention_mgpu.py`), whose benchmark keeps 64 query
 rows per warpgroup and two K/V stages and takes the first block_kv of 256, 128, 64 that

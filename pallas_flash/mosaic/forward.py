@@ -252,6 +252,27 @@ class PingPong:
             pl.when(self.wg == wg)(self.meet)
 
 
+def persistent_item(cta, i, num_ctas: int, *, snake: bool):
+    """The persistent grid's item index of CTA `cta`'s work item `i` (traced or not).
+    Round i hands items [i * num_ctas, (i + 1) * num_ctas) out one per CTA; with `snake`
+    (causal) the rounds alternate direction, so that the CTA given a round's longest
+    item is given the next round's shortest. Causal items shrink along the order (the
+    bottom query tiles first), and handed out the same way every round the first CTAs
+    would get the longest item of every round: at 8k, 2048 items on 132 SMs, about 6 %
+    more work than the mean, while the other CTAs wait at the end."""
+    if snake:
+        cta = jnp.where(i % 2 == 0, cta, num_ctas - 1 - cta)
+    return cta + i * num_ctas
+
+
+def persistent_item_count(cta, num_items: int, num_ctas: int, *, snake: bool):
+    """How many items CTA `cta` walks: one per whole round, and one more if the partial
+    last round's item for it exists."""
+    rounds = num_items // num_ctas
+    last = persistent_item(cta, rounds, num_ctas, snake=snake)
+    return jnp.where(last < num_items, rounds + 1, rounds).astype(jnp.int32)
+
+
 _ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per row of a wgmma accumulator
 _COL = plgpu.Layout.WGMMA.reduce(0)  # one value per column
 
@@ -295,13 +316,16 @@ def _kernel(
     wg = lax.axis_index("wg")
     num_items = heads * num_q_tiles * batch
 
+    def item_index(i):
+        return persistent_item(lax.axis_index("cta"), i, num_ctas, snake=spec.causal)
+
     def item_at(i):
         """(batch, head, query tile) of this CTA's work item i. Causal tiles near the
         bottom do the most work: they come first, so that the last ones are short."""
         if not config.persistent:  # one item per CTA: its grid position
             b, h, t = (lax.axis_index(name) for name in ("batch", "heads", "q_tiles"))
-        else:  # items cta, cta + num_ctas, ...
-            w = lax.axis_index("cta") + i * num_ctas
+        else:
+            w = item_index(i)
             if spec.causal:  # tile-major: every (batch, head)'s bottom tile first
                 t, rest = lax.div(w, heads * batch), lax.rem(w, heads * batch)
                 h, b = lax.div(rest, batch), lax.rem(rest, batch)
@@ -314,7 +338,7 @@ def _kernel(
         if not config.persistent:
             return 1
         cta = lax.axis_index("cta")
-        return lax.div(num_items - cta + num_ctas - 1, jnp.int32(num_ctas))
+        return persistent_item_count(cta, num_items, num_ctas, snake=spec.causal)
 
     def run_items(fn):
         """fn(i, base) over this CTA's items, base threading the ring position."""
