@@ -378,7 +378,8 @@ def _dkdv_kernel(
         plgpu.commit_smem()
         for tile, _, ref in outs:
             plgpu.copy_smem_to_gmem(tile, ref.at[b, pl.ds(kw0, bk), kv_head])
-        plgpu.wait_smem_to_gmem(0)
+        # The CTA ends: the tiles only have to be read out (forward.py's epilogue says why).
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     if config.split_dkv:
         pl.when(wg == 0)(functools.partial(consumer, 0, True, False))
@@ -515,7 +516,7 @@ def _dq_kernel(
         q_tile[...] = (dq * scale).astype(dtype)  # dS was of the scaled scores
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(q_tile, dq_ref.at[rows_of])
-        plgpu.wait_smem_to_gmem(0)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the CTA ends (as above)
 
 
 def check_fits(config: MosaicBwdConfig, hp: int):

@@ -638,7 +638,10 @@ def _kernel(
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                     pl.when(i + 1 < count)(lambda: load_q(i + 1))
                 if not config.persistent:
-                    plgpu.wait_smem_to_gmem(0)
+                    # The CTA ends: the buffers only have to be read out (the writes land by
+                    # the kernel's end, as CUTLASS's epilogues rely on); awaiting the writes
+                    # too held each SM for a round trip to memory per CTA.
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
             if not config.intra_overlap:
                 carry = lax.fori_loop(lo, full_lo, functools.partial(body, masked=True), carry)
@@ -654,7 +657,7 @@ def _kernel(
 
         run_items(consume)
         if config.persistent:
-            plgpu.wait_smem_to_gmem(0)
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # as at the end of a CTA above
 
 
 # Persistent CTAs in GPU interpret mode: few, so that each walks several work items.
