@@ -442,6 +442,7 @@ _MOSAIC_FLAGS = (
     ("early_k_wait", "k-wait-early"),
     ("intra_overlap", "overlap"),
     ("persistent", "persistent"),
+    ("one_way_turns", "one-way"),
 )
 
 

@@ -377,6 +377,20 @@ def test_persistent_items_cover_every_item_once(snake):
     assert int(mosaic_forward.persistent_item(0, 1, 132, snake=snake)) == (263 if snake else 132)
 
 
+@pytest.mark.parametrize("schedule", ["", "overlap", "persistent"])
+@pytest.mark.parametrize("case", PERSISTENT_CASES[:3], ids=lambda c: c.id)
+def test_interpret_one_way_turns_change_no_bit(case, schedule):
+    """The one-way ping-pong only reorders the consumers' turns: outputs equal bit for bit
+    to the rendezvous's (and it returns at all: a turn handed over twice before it is
+    taken would hang or skip one), over several items per CTA (persistent) and items
+    with no key tile (the empty batch element)."""
+    flags = {"overlap": {"intra_overlap": True}, "persistent": {"persistent": True}}
+    config = dataclasses.replace(SMALL, **flags.get(schedule, {}))
+    one_way = dataclasses.replace(config, one_way_turns=True)
+    want = _mosaic(case, config, interpret=True, seed=1)
+    chex.assert_trees_all_equal(want, _mosaic(case, one_way, True, seed=1))
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="block_q"):
         MosaicConfig(block_q=32)
@@ -389,6 +403,8 @@ def test_config_validation():
             MosaicConfig(intra_overlap=True, **{flag: True})
     with pytest.raises(ValueError, match="not with persistent"):
         MosaicConfig(intra_overlap=True, persistent=True)
+    with pytest.raises(ValueError, match="one_way_turns is a form of ping-pong"):
+        MosaicConfig(one_way_turns=True, schedule_barrier=False)
     q = jnp.ones((1, 8, 1, 256), BF16)
     lens = jnp.full((1,), 8, jnp.int32)
     too_big = MosaicConfig(block_kv=256, num_stages=2)
@@ -410,19 +426,29 @@ LOWERINGS = {
 
 
 @pytest.mark.parametrize(
-    "p_in_registers,rescale_early,overlap,persistent",
+    "p_in_registers,rescale_early,overlap,persistent,one_way",
     [
-        (True, False, False, False),
-        (False, False, False, False),
-        (True, True, False, False),
-        (True, False, True, False),
-        (True, True, False, True),
+        (True, False, False, False, False),
+        (False, False, False, False, False),
+        (True, True, False, False, False),
+        (True, False, True, False, False),
+        (True, True, False, True, False),
+        (True, True, False, True, True),
+        (True, False, True, False, True),
     ],
-    ids=["p-regs", "p-smem", "p-regs-early", "p-regs-overlap", "p-regs-early-persistent"],
+    ids=[
+        "p-regs",
+        "p-smem",
+        "p-regs-early",
+        "p-regs-overlap",
+        "p-regs-early-persistent",
+        "p-regs-early-persistent-one-way",
+        "p-regs-overlap-one-way",
+    ],
 )
 @pytest.mark.parametrize("head_dim,dtype,spec", LOWERINGS.values(), ids=LOWERINGS.keys())
 def test_compiled_kernel_lowers_for_hopper(
-    head_dim, dtype, spec, p_in_registers, rescale_early, overlap, persistent
+    head_dim, dtype, spec, p_in_registers, rescale_early, overlap, persistent, one_way
 ):
     """Lowering for CUDA runs on CPU: Pallas to the Mosaic GPU dialect, its layout
     inference for sm_90, the lowering of that dialect and the shared-memory check. What
@@ -434,6 +460,7 @@ def test_compiled_kernel_lowers_for_hopper(
         early_k_wait=rescale_early,
         intra_overlap=overlap,
         persistent=persistent,
+        one_way_turns=one_way,
     )
 
     def f(q, k, v, q_len, kv_len):
@@ -550,6 +577,16 @@ def test_gpu_persistent_matches_reference(case):
     """The persistent grid compiled (P in registers, as it would run) over the table (at
     head dim 256 O leaves through Q's buffer)."""
     config = dataclasses.replace(default_mosaic_config(case.head_dim), persistent=True)
+    _compare(case, config, interpret=False, seed=seed_of(case))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_one_way_turns_matches_reference(case):
+    """The one-way ping-pong compiled over the table (its default elsewhere: the
+    persistent grid at head dim 64 up to 2k keys runs it across items)."""
+    config = default_mosaic_config(case.head_dim, case.seq_kv)
+    config = dataclasses.replace(config, one_way_turns=True)
     _compare(case, config, interpret=False, seed=seed_of(case))
 
 

@@ -134,6 +134,10 @@ class MosaicConfig:
     num_stages: K/V tiles in flight in the shared-memory ring.
     schedule_barrier: FA3's ping-pong: the two consumer warpgroups take turns at the
       tensor cores, so one's softmax overlaps the other's matmuls.
+    one_way_turns: the ping-pong as FA3 and tokamax hand turns over: one arrive (after
+      issuing) and one wait (before the next products) per step, where the default
+      rendezvous also makes each consumer's meet wait for the other's previous softmax
+      (forward.PingPong). Needs schedule_barrier. Not yet measured, so off.
     p_in_registers: P V takes P from registers (FA3's choice); False stages P through
       shared memory, the only form GPU interpret mode can run (see forward.py).
     rescale_before_turn: rescale the accumulator and cast P to 16 bits before handing
@@ -166,6 +170,7 @@ class MosaicConfig:
     block_kv: int = 128
     num_stages: int = 2
     schedule_barrier: bool = True
+    one_way_turns: bool = False
     p_in_registers: bool = True
     rescale_before_turn: bool = False
     early_k_wait: bool = False
@@ -184,6 +189,8 @@ class MosaicConfig:
                 "intra_overlap is a schedule of its own: it takes neither "
                 "rescale_before_turn nor early_k_wait"
             )
+        if self.one_way_turns and not self.schedule_barrier:
+            raise ValueError("one_way_turns is a form of ping-pong: it needs schedule_barrier")
         if self.intra_overlap and self.persistent:
             raise ValueError("intra_overlap is a schedule of its own: not with persistent")
 
