@@ -182,3 +182,16 @@ def test_fa_seqs_narrow_the_grid_steps(gpu_run):
     assert "--seqs 16384" in _one(calls, "--suite fa", "--head-dims 64")
     _, calls, _ = gpu_run("fa-grid:128:true:120")
     assert "--seqs" not in _one(calls[-1:], "--suite fa")
+
+
+def test_ptxas_step_builds_its_command(gpu_run):
+    """The ptxas step: our default and fused Mosaic kernels at head dims 64 and 128 unless
+    PTXAS_IMPLS / PTXAS_HEAD_DIMS say otherwise."""
+    _, calls, _ = gpu_run("ptxas")
+    default = _one(calls, "-m benchmarks.ptxas")
+    assert "--impls pallas_flash:mosaic,pallas_flash:mosaic-fused --head-dims 64,128" in default
+    assert default.endswith("/ptxas.jsonl")
+    _, calls, _ = gpu_run(
+        "ptxas", PTXAS_IMPLS="pallas_flash:mosaic/fused=true", PTXAS_HEAD_DIMS="128"
+    )
+    assert "--impls pallas_flash:mosaic/fused=true --head-dims 128 " in calls[-1]
