@@ -424,8 +424,8 @@ def test_fused_config_validation():
     with pytest.raises(ValueError, match="shared memory"):  # plus the staging buffers
         mosaic_backward.check_fits(dataclasses.replace(FUSED, operands_in_registers=False), 128)
     for kwargs in ({}, {"fused": True, "operands_in_registers": False}):
-        with pytest.raises(ValueError, match="share_in_flight needs fused=True"):
-            MosaicBwdConfig(share_in_flight=True, **kwargs)
+        with pytest.raises(ValueError, match="fa3_order needs fused=True"):
+            MosaicBwdConfig(fa3_order=True, **kwargs)
 
 
 LOWERINGS = {
@@ -508,10 +508,10 @@ FUSED_LOWERINGS = {
     "h128-regs": (128, FUSED, False),
     "h128-regs-segments": (128, FUSED, True),
     "h64-rows-regs": (64, FUSED_ROWS, False),
-    "h128-in-flight": (128, dataclasses.replace(FUSED, share_in_flight=True), False),
-    "h64-rows-in-flight-segments": (
+    "h128-fa3-order": (128, dataclasses.replace(FUSED, fa3_order=True), False),
+    "h64-rows-fa3-order-segments": (
         64,
-        dataclasses.replace(FUSED_ROWS, share_in_flight=True),
+        dataclasses.replace(FUSED_ROWS, fa3_order=True),
         True,
     ),
     "h64-one-consumer-staged-segments": (
@@ -633,14 +633,14 @@ def test_gpu_fused_matches_reference(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
-def test_gpu_fused_share_in_flight_matches_reference(case):
-    """The share's wgmmas issued behind dK's and dV's: the same products in the same
-    order, so the same bits as the fused default (and the reference's tolerance)."""
+def test_gpu_fused_fa3_order_matches_reference(case):
+    """The fused step in FA3's order: the same products accumulated in the same order, so
+    the same bits as the fused default (and the reference's tolerance)."""
     config = fused_mosaic_bwd_config(case.head_dim)
-    in_flight = _compare(
-        case, dataclasses.replace(config, share_in_flight=True), interpret=False, seed=_seed(case)
+    fa3 = _compare(
+        case, dataclasses.replace(config, fa3_order=True), interpret=False, seed=_seed(case)
     )
-    chex.assert_trees_all_equal(in_flight, _compare(case, config, False, seed=_seed(case)))
+    chex.assert_trees_all_equal(fa3, _compare(case, config, False, seed=_seed(case)))
 
 
 @pytest.mark.gpu

@@ -101,30 +101,22 @@ from pallas_flash.mosaic.forward import (
 )
 
 
-def _accumulate(terms, staging, then=None):
+def _accumulate(terms, staging):
     """[acc + a @ b for (acc, a, b) in terms]: `a` [M, K] in registers, `b` a [K, N]
     shared-memory ref, float32 accumulators.
 
     staging None: the products are issued back to back, in place on the accumulators,
-    and awaited together. `then`, an (accumulator, issue) pair, adds one more
-    accumulator to the set: issue(ref) runs right after the terms' products are issued
-    and issues its own into ref, so that they queue behind them; it comes back last.
-    Otherwise each `a` is stored to `staging` and its product lands in a fresh
-    accumulator that is added (GPU interpret mode, see module doc).
+    and awaited together. Otherwise each `a` is stored to `staging` and its product
+    lands in a fresh accumulator that is added (GPU interpret mode, see module doc).
     """
     if staging is None:
-        extra = () if then is None else (then[0],)
 
         def mma(acc_refs):
             for acc_ref, (_, a, b) in zip(acc_refs, terms):
                 plgpu.wgmma(acc_ref, a, b)
-            if then is not None:
-                then[1](acc_refs[-1])
 
         # run_state awaits the wgmmas before returning the accumulators.
-        accs = (acc for acc, _, _ in terms)
-        return list(pl.run_state(mma)(tuple(plgpu.ACC.init(acc) for acc in (*accs, *extra))))
-    assert then is None, "staged products run one by one"
+        return list(pl.run_state(mma)(tuple(plgpu.ACC.init(acc) for acc, _, _ in terms)))
     out = []
     for acc, a, b in terms:
         staging[...] = a
@@ -303,47 +295,86 @@ def _dkdv_kernel(
         c = scale * LOG2E  # base-2 scores: log2(e) folded into the scale
         shape = (bk, bq)  # S^T and its kin: keys on the rows, queries on the columns
 
+        def probs(s_t, i, slot, masked: bool):
+            """P^T [bk, bq] (float32) of the step's scores S^T, masked where the tile needs it."""
+            lse2 = plgpu.load(lse_smem.at[slot], layout=_COL)  # [bq], base 2, +inf if empty
+            p_t = jnp.exp2(s_t * c - _bcast(lse2, shape, 1))  # [bk, bq]
+            if not masked:  # the structural masks cut this tile (full tiles skip this work)
+                return p_t
+            rows = i * bq + plgpu.broadcasted_iota(
+                jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA
+            )  # [bk, bq]: query positions
+            cols = kw0 + plgpu.broadcasted_iota(
+                jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA
+            )  # [bk, bq]: key positions
+            segs = None
+            if q_seg_ref is not None:  # (query ids, key ids), both [bk, bq]
+                q_segs = plgpu.load(q_seg_smem.at[slot], layout=_COL)  # [bq]
+                segs = (_bcast(q_segs, shape, 1), _bcast(k_segs, shape, 0))
+            keep = masks.tile_mask(spec, rows, cols, kv_len, diag, segs)
+            return jnp.where(keep, p_t, 0.0)
+
+        def dscores(p_t, dp_t, slot):  # dS^T = P^T (dP^T - D), in the inputs' dtype
+            delta = plgpu.load(delta_smem.at[slot], layout=_COL)  # [bq]
+            return (p_t * (dp_t - _bcast(delta, shape, 1))).astype(dtype)  # [bk, bq]
+
+        def fa3_step(i, carry, *, step, slot, q_tile, do_tile, masked: bool):
+            """One fused step in FlashAttention-3's order (`MosaicBwdConfig.fa3_order`):
+            S^T and dP^T issued together, the exp2 beside dP^T; then dV, with dS^T stored
+            and exchanged while it runs; the share and dK queued behind it, and the share
+            handed over while dK runs. Nothing is awaited that the next issue does not
+            need."""
+
+            def scores(s_ref, dp_ref):
+                plgpu.wgmma(s_ref, k_tile, q_tile.transpose((1, 0)))  # s^T = k @ q.T
+                plgpu.wgmma(dp_ref, v_tile, do_tile.transpose((1, 0)))  # dp^T = v @ do.T
+                # wgmma groups complete in order: S^T is in, dP^T runs beside the exp2.
+                p_t = probs(plgpu.wgmma_accumulator_load(s_ref, wait_n=1), i, slot, masked)
+                return p_t.astype(dtype), dscores(p_t, dp_ref[...], slot)
+
+            p_t, ds_t = pl.run_scoped(scores, *(plgpu.ACC(shape, jnp.float32),) * 2)
+            share0 = plgpu.layout_cast(jnp.zeros(part, jnp.float32), plgpu.Layout.WGMMA)
+
+            def products(refs):
+                dv_ref, share_ref, dk_ref = refs
+                plgpu.wgmma(dv_ref, p_t, do_tile)  # dv += p^T @ do
+                dq_adds.share_ds(fused_scratch, step, w, ds_t)  # while dV runs
+                dq_adds.issue_share(fused_scratch, w, k_smem, part, share_ref)
+                plgpu.wgmma(dk_ref, ds_t, q_tile)  # dk += ds^T @ q
+                # dV's and the share's groups are done; dK's runs beside the hand-over.
+                share = plgpu.wgmma_accumulator_load(share_ref, wait_n=1)
+                dq_adds.hand_share(fused_scratch, step, w, share)
+
+            # run_state awaits dK before returning the accumulators.
+            dv, _, dk = pl.run_state(products)(
+                tuple(plgpu.ACC.init(x) for x in (carry[0], share0, carry[1]))
+            )
+            plgpu.barrier_arrive(free.at[slot])
+            return dv, dk
+
         def body(i, carry, *, g, masked: bool):
             step = step_of(g, i)
             slot = lax.rem(step, jnp.int32(stages))
             q_tile, do_tile = q_smem.at[slot], do_smem.at[slot]
             plgpu.barrier_wait(q_ready.at[slot])
             plgpu.barrier_wait(do_ready.at[slot])  # every consumer sees every phase
+            if config.fa3_order:
+                return fa3_step(
+                    i, carry, step=step, slot=slot, q_tile=q_tile, do_tile=do_tile, masked=masked
+                )
             pairs = [(k_tile, q_tile.transpose((1, 0)))]  # s^T = k @ q.T: [bk, bq]
             if does_dk:
                 pairs.append((v_tile, do_tile.transpose((1, 0))))  # dp^T = v @ do.T: [bk, bq]
             products = _products(pairs, shape)
-            lse2 = plgpu.load(lse_smem.at[slot], layout=_COL)  # [bq], base 2, +inf if empty
-            p_t = jnp.exp2(products[0] * c - _bcast(lse2, shape, 1))  # [bk, bq]
-            if masked:  # the structural masks cut this tile (full tiles skip this work)
-                rows = i * bq + plgpu.broadcasted_iota(
-                    jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA
-                )  # [bk, bq]: query positions
-                cols = kw0 + plgpu.broadcasted_iota(
-                    jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA
-                )  # [bk, bq]: key positions
-                segs = None
-                if q_seg_ref is not None:  # (query ids, key ids), both [bk, bq]
-                    q_segs = plgpu.load(q_seg_smem.at[slot], layout=_COL)  # [bq]
-                    segs = (_bcast(q_segs, shape, 1), _bcast(k_segs, shape, 0))
-                keep = masks.tile_mask(spec, rows, cols, kv_len, diag, segs)
-                p_t = jnp.where(keep, p_t, 0.0)
+            p_t = probs(products[0], i, slot, masked)
             terms = []
             if does_dv:
                 terms.append((carry[0], p_t.astype(dtype), do_tile))  # dv += p^T @ do: [bk, hp]
             if does_dk:
-                delta = plgpu.load(delta_smem.at[slot], layout=_COL)  # [bq]
-                ds_t = (p_t * (products[1] - _bcast(delta, shape, 1))).astype(dtype)  # [bk, bq]
+                ds_t = dscores(p_t, products[1], slot)
                 terms.append((carry[-1], ds_t, q_tile))  # dk += ds^T @ q: [bk, hp]
                 if config.fused:  # the other consumers' dQ slices read this tile's dS^T
                     dq_adds.share_ds(fused_scratch, step, w, ds_t)
-            if config.share_in_flight:  # the share's wgmmas queue behind dK's and dV's
-                zeros = plgpu.layout_cast(jnp.zeros(part, jnp.float32), plgpu.Layout.WGMMA)
-                issue = functools.partial(dq_adds.issue_share, fused_scratch, w, k_smem, part)
-                *accs, share = _accumulate(terms, staging, (zeros, issue))
-                plgpu.barrier_arrive(free.at[slot])
-                dq_adds.hand_share(fused_scratch, step, w, share)
-                return tuple(accs)
             carry = tuple(_accumulate(terms, staging))
             plgpu.barrier_arrive(free.at[slot])
             if config.fused:
@@ -609,7 +640,7 @@ def backward(
     if interpret is True:
         interpret = plgpu.InterpretGPUParams()
     if interpret is not False:  # the interpreter's wgmma reads shared memory only
-        config = dataclasses.replace(config, operands_in_registers=False, share_in_flight=False)
+        config = dataclasses.replace(config, operands_in_registers=False, fa3_order=False)
 
     # One padded length serves both kernels: whole dK/dV query tiles and dQ CTAs, whole
     # dK/dV CTAs and dQ key tiles.

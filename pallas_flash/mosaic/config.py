@@ -238,11 +238,12 @@ class MosaicBwdConfig:
       unused. Each consumer computes its slice of the share (head-dim columns, or rows
       when the columns would be narrower than 64) over the CTA's keys. Off by default:
       on the H200 it is exact and bitwise deterministic, but 0.64-0.69x the pair's speed.
-    share_in_flight: fused, operands in registers: each step's dQ share wgmmas are
-      issued right behind dK's and dV's and awaited with them (FA3's order), where
-      otherwise dK and dV are awaited first and the share's matmul starts on an idle
-      tensor pipe; the share's accumulator (32 registers at head dim 128) is then live
-      beside the operands of dK and dV. Not yet measured, so off.
+    fa3_order: fused, operands in registers: each step in FlashAttention-3's order
+      (backward.fa3_step): the exp2 runs beside dP^T's wgmma, dS^T is stored and
+      exchanged while dV's runs, the dQ share and dK queue behind it and the share is
+      handed over while dK's runs; otherwise every group of wgmmas is awaited before the
+      next work starts (about half the pair's matmul throughput on the H200, README).
+      Not yet measured, so off.
     """
 
     block_q_dkv: int = 64
@@ -256,7 +257,7 @@ class MosaicBwdConfig:
     consumers_dq: int = 2
     operands_in_registers: bool = True
     fused: bool = False
-    share_in_flight: bool = False
+    fa3_order: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
@@ -273,10 +274,10 @@ class MosaicBwdConfig:
             raise ValueError(f"split_dkv needs consumers_dkv=2, not {self.consumers_dkv}")
         if self.fused and self.split_dkv:
             raise ValueError("fused needs split_dkv=False: each consumer owns a key tile")
-        if self.share_in_flight and not (self.fused and self.operands_in_registers):
+        if self.fa3_order and not (self.fused and self.operands_in_registers):
             raise ValueError(
-                "share_in_flight needs fused=True and operands_in_registers=True (it "
-                "orders the fused kernel's register-operand wgmmas)"
+                "fa3_order needs fused=True and operands_in_registers=True (it orders the "
+                "fused kernel's register-operand wgmmas)"
             )
 
     def dq_part(self, head_dim: int) -> tuple[int, int]:
