@@ -8,7 +8,8 @@ For each implementation (a bench name, config variants included:
 compiles one jitted forward + backward (B=1, T=S=1024, bf16, heads = 2048 / head dim)
 with MOSAIC_GPU_DUMP_PTXAS=1 and the compilation cache off, so that ptxas runs and
 prints its verbose report; every kernel in it becomes a row: registers per thread,
-stack frame, spill stores and spill loads (bytes). A warp-specialised kernel sets its
+stack frame, spill stores and spill loads (bytes), and ptxas's "Potential Performance
+Loss" warnings (wgmmas it had to serialize). A warp-specialised kernel sets its
 warpgroups' register budgets itself (setmaxnreg), so a spill here means some warpgroup
 holds more than its budget: the first thing to rule out when a kernel is slower than
 its matmul count says (the fused backward, README).
@@ -26,15 +27,29 @@ import sys
 _ENTRY = re.compile(r"Compiling entry function '([^']+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers")
+# e.g. "(C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized
+# due to ... in the function 'NAME'": serialized wgmmas alone can halve a kernel's speed.
+_LOSS = re.compile(r"Potential Performance Loss")
+_FUNCTION = re.compile(r"function '([^']+)'")
 
 
 def parse_ptxas(text: str) -> list[dict]:
     """One dict per entry function in ptxas's verbose report (`ptxas -v`), in order:
     kernel, registers, stack_bytes, spill_store_bytes, spill_load_bytes (None where the
-    report has no such line)."""
+    report has no such line) and warnings: the "Potential Performance Loss" lines
+    (serialized wgmmas), each given to the kernel it names, else to the one being read
+    (or, before any, the first)."""
     kernels: list[dict] = []
+    early: list[str] = []  # loss lines before the first entry function
     for line in text.splitlines():
-        if m := _ENTRY.search(line):
+        if _LOSS.search(line):
+            named = _FUNCTION.search(line)
+            owner = next((k for k in kernels if named and k["kernel"] == named.group(1)), None)
+            if owner is None and not kernels:
+                early.append(line.strip())
+            else:
+                (owner or kernels[-1])["warnings"].append(line.strip())
+        elif m := _ENTRY.search(line):
             kernels.append(
                 dict(
                     kernel=m.group(1),
@@ -42,8 +57,10 @@ def parse_ptxas(text: str) -> list[dict]:
                     stack_bytes=None,
                     spill_store_bytes=None,
                     spill_load_bytes=None,
+                    warnings=early,
                 )
             )
+            early = []
         elif kernels and (m := _FRAME.search(line)):
             k = kernels[-1]
             k["stack_bytes"], k["spill_store_bytes"], k["spill_load_bytes"] = map(int, m.groups())
@@ -111,6 +128,8 @@ def main(argv=None) -> int:
                         f"{kern['stack_bytes']} B: {kern['kernel'][:70]}",
                         flush=True,
                     )
+                    for warning in kern["warnings"]:
+                        print(f"    {warning[:160]}", flush=True)
                 if args.out:
                     with open(args.out, "a") as f:
                         f.write(json.dumps(row) + "\n")

@@ -134,6 +134,9 @@ def test_ptxas_report_parses_per_kernel():
         [
             "ptxas info    : 0 bytes gmem",
             "ptxas info    : Compiling entry function 'pallas_flash_mosaic_bwd_fused' for 'sm_90a'",
+            "ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions "
+            "are serialized due to the presence of Extern calls in the function "
+            "'pallas_flash_mosaic_bwd_fused'",
             "ptxas info    : Function properties for pallas_flash_mosaic_bwd_fused",
             "    8 bytes stack frame, 96 bytes spill stores, 112 bytes spill loads",
             "ptxas info    : Used 168 registers, used 1 barriers, 384 bytes cmem[0]",
@@ -142,6 +145,7 @@ def test_ptxas_report_parses_per_kernel():
         ]
     )
     fused, dq = ptxas.parse_ptxas(text)
+    warning = fused.pop("warnings")
     assert fused == dict(
         kernel="pallas_flash_mosaic_bwd_fused",
         registers=168,
@@ -149,7 +153,9 @@ def test_ptxas_report_parses_per_kernel():
         spill_store_bytes=96,
         spill_load_bytes=112,
     )
+    assert len(warning) == 1 and "(C7515)" in warning[0] and "serialized" in warning[0]
     assert dq["kernel"] == "pallas_flash_mosaic_bwd_dq" and dq["registers"] == 128
+    assert dq["warnings"] == []
     assert dq["spill_store_bytes"] is None  # no properties line: unknown, not 0
     assert ptxas.parse_ptxas("Used 10 registers") == []  # nothing before an entry
     assert ptxas.shape(64, True).heads == 32
