@@ -449,11 +449,11 @@ _MOSAIC_FLAGS = (
 def config_label(c: dict) -> str:
     """A config in a cell. Triton: "128x64 w8 s3", or "dkv 64x64 dq 64x64 w4 s2".
     Mosaic: "64x128 s2" (block_q per warpgroup x block_kv, stages; "no-pingpong",
-    "p-smem", "rescale-early", "k-wait-early", "overlap", "persistent" where set), or
+    "p-smem", "rescale-early", "k-wait-early", "overlap", "persistent", "one-way" where
+    set), or
     "dkv 2x64 q64 s2 dq 2x64 kv64 s2" (warpgroups x their tile, the streamed tile,
-    stages; "split" where dV and dK split the warpgroups; "pingpong" on rows of d2f5aa4 and
-    before, whose backward had a ping-pong option, measured slower and removed)."""
-    if "schedule_barrier" in c and "consumers_dkv" not in c:  # the Mosaic forward
+    stages; "split" where dV and dK split the warpgroups)."""
+    if "schedule_barrier" in c:
         flags = ("" if c["schedule_barrier"] else " no-pingpong") + (
             "" if c.get("p_in_registers", True) else " p-smem"
         )
@@ -465,8 +465,7 @@ def config_label(c: dict) -> str:
         dkv = f"dkv {tiles}x{c['block_kv_dkv']} q{c['block_q_dkv']} s{c['num_stages_dkv']}"
         dq = f"dq {c['consumers_dq']}x{c['block_q_dq']} kv{c['block_kv_dq']} s{c['num_stages_dq']}"
         smem = "" if c.get("operands_in_registers", True) else " ops-smem"
-        pingpong = " pingpong" if c.get("schedule_barrier") else ""
-        return f"{dkv}{' split' if c['split_dkv'] else ''} {dq}{smem}{pingpong}"
+        return f"{dkv}{' split' if c['split_dkv'] else ''} {dq}{smem}"
     tail = f"w{c['num_warps']} s{c['num_stages']}"
     if "block_q" in c:
         return f"{c['block_q']}x{c['block_kv']} {tail}"

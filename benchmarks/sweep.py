@@ -81,10 +81,7 @@ MOSAIC_FWD_SPACE = dict(
 )
 # The backward's two kernels, each varied with the other at its default.
 MOSAIC_DKV_SPACE = dict(
-    block_q_dkv=(64, 128),
-    block_kv_dkv=(64, 128),
-    num_stages_dkv=(2, 3),
-    consumers_dkv=(1, 2),
+    block_q_dkv=(64, 128), block_kv_dkv=(64, 128), num_stages_dkv=(2, 3), consumers_dkv=(1, 2)
 )
 MOSAIC_DQ_SPACE = dict(
     block_q_dq=(64, 128), block_kv_dq=(64, 128), num_stages_dq=(2, 3), consumers_dq=(1, 2)

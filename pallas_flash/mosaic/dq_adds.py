@@ -140,12 +140,11 @@ def share_pairs(s, w: int, k_smem, part: tuple[int, int]):
     return pairs
 
 
-def issue_share(s, w: int, k_smem, part: tuple[int, int], acc_ref, *, wait: bool = True):
+def issue_share(s, w: int, k_smem, part: tuple[int, int], acc_ref):
     """Issues consumer `w`'s slice of this step's dQ share into `acc_ref` (float32
     [rows, cols], unscaled: backward.py scales the sum), once every consumer's dS^T is
-    in (`wait`: waits for that here); the caller awaits the wgmmas."""
-    if wait:
-        plgpu.barrier_wait(s["ds_ready"])  # every consumer's dS^T is in
+    in; the caller awaits the wgmmas."""
+    plgpu.barrier_wait(s["ds_ready"])  # every consumer's dS^T is in
     for a, b in share_pairs(s, w, k_smem, part):
         plgpu.wgmma(acc_ref, a, b)
 
@@ -153,10 +152,9 @@ def issue_share(s, w: int, k_smem, part: tuple[int, int], acc_ref, *, wait: bool
 def dq_share(s, step, w: int, k_smem, part: tuple[int, int]):
     """Consumer `w`'s slice of this step's dQ share, computed alone (after dK's and dV's
     wait) and handed to the writer."""
-    plgpu.barrier_wait(s["ds_ready"])  # every consumer's dS^T is in
 
     def mma(acc_ref):
-        issue_share(s, w, k_smem, part, acc_ref, wait=False)
+        issue_share(s, w, k_smem, part, acc_ref)
         return acc_ref[...]  # awaits the wgmmas
 
     hand_share(s, step, w, pl.run_scoped(mma, plgpu.ACC(part, jnp.float32)))

@@ -259,14 +259,10 @@ class PingPong:
         self._on(1, self.my_turn if self.one_way else self.meet)
 
     def end(self):  # after the last
-        if self.turns is None:
-            return
-        if not self.one_way:
-            self._on(0, self.meet)
-            return
-        self._on(0, self.meet)  # consumer 1's last turn
-        plgpu.barrier_arrive(self.turns["sync"])
-        plgpu.barrier_wait(self.turns["sync"])
+        self._on(0, self.meet)  # (one way: consumer 1's last turn)
+        if self.turns is not None and self.one_way:
+            plgpu.barrier_arrive(self.turns["sync"])
+            plgpu.barrier_wait(self.turns["sync"])
 
     def _on(self, wg: int, fn):  # fn() if this is consumer `wg`
         if self.turns is None:
