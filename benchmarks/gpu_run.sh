@@ -127,10 +127,13 @@ for step in "$@"; do
     hbm) timeout 590 python3 -m benchmarks.hbm --out "$OUT/hbm.jsonl" ;;
     # Registers and spills of each Mosaic kernel from ptxas's own report (compiles only
     # one small fwd + bwd per implementation, head dim and causal flag): PTXAS_IMPLS,
-    # PTXAS_HEAD_DIMS pick them.
+    # PTXAS_HEAD_DIMS, PTXAS_CAUSAL pick them; PTXAS_SASS=1 also brings back each one's
+    # SASS (one file each under $OUT/sass: mind the 8 files a call returns) and counts
+    # each kernel's spills by register budget (which warpgroup's code they sit in).
     ptxas) timeout 500 python3 -m benchmarks.ptxas \
              --impls "${PTXAS_IMPLS:-pallas_flash:mosaic,pallas_flash:mosaic-fused}" \
-             --head-dims "${PTXAS_HEAD_DIMS:-64,128}" --out "$OUT/ptxas.jsonl" ;;
+             --head-dims "${PTXAS_HEAD_DIMS:-64,128}" --causal "${PTXAS_CAUSAL:-false,true}" \
+             ${PTXAS_SASS:+--sass "$OUT/sass"} --out "$OUT/ptxas.jsonl" ;;
     # Per-kernel time and registers where a mask costs time (segment ids, a boolean mask).
     profile-masks) timeout 590 python3 -m benchmarks.profile --suite masks \
              --masks none,segments:1,padding-full,mask-full --out "$OUT/profile-masks.jsonl" ;;

@@ -154,7 +154,7 @@ def _mosaic_variant(name: str) -> Impl:
 
     def fn(q, k, v, *, causal, **extra):
         h = q.shape[-1]
-        fwd = mosaic_config.default_mosaic_config(h, k.shape[1])
+        fwd = mosaic_config.default_mosaic_config(h, k.shape[1], causal)
         fwd = dataclasses.replace(fwd, **overrides["fwd"])
         bwd = dataclasses.replace(mosaic_config.default_mosaic_bwd_config(h), **overrides["bwd"])
         return pallas_flash.flash_attention(

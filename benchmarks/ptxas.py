@@ -37,18 +37,25 @@ def parse_ptxas(text: str) -> list[dict]:
     """One dict per entry function in ptxas's verbose report (`ptxas -v`), in order:
     kernel, registers, stack_bytes, spill_store_bytes, spill_load_bytes (None where the
     report has no such line) and warnings: the "Potential Performance Loss" lines
-    (serialized wgmmas), each given to the kernel it names, else to the one being read
-    (or, before any, the first)."""
+    (serialized wgmmas), each given to the kernel it names, also when it comes before
+    that kernel's entry line (as ptxas prints it for a module compiled after another:
+    at 41958b0 the fused backward's warning was filed under the forward), else to the
+    one being read (or, before any, the first)."""
     kernels: list[dict] = []
-    early: list[str] = []  # loss lines before the first entry function
+    early: list[str] = []  # unnamed loss lines before the first entry function
+    ahead: dict[str, list[str]] = {}  # loss lines naming a kernel not yet entered
     for line in text.splitlines():
         if _LOSS.search(line):
             named = _FUNCTION.search(line)
             owner = next((k for k in kernels if named and k["kernel"] == named.group(1)), None)
-            if owner is None and not kernels:
-                early.append(line.strip())
+            if owner is not None:
+                owner["warnings"].append(line.strip())
+            elif named:
+                ahead.setdefault(named.group(1), []).append(line.strip())
+            elif kernels:
+                kernels[-1]["warnings"].append(line.strip())
             else:
-                (owner or kernels[-1])["warnings"].append(line.strip())
+                early.append(line.strip())
         elif m := _ENTRY.search(line):
             kernels.append(
                 dict(
@@ -57,7 +64,7 @@ def parse_ptxas(text: str) -> list[dict]:
                     stack_bytes=None,
                     spill_store_bytes=None,
                     spill_load_bytes=None,
-                    warnings=early,
+                    warnings=early + ahead.pop(m.group(1), []),
                 )
             )
             early = []
@@ -66,7 +73,40 @@ def parse_ptxas(text: str) -> list[dict]:
             k["stack_bytes"], k["spill_store_bytes"], k["spill_load_bytes"] = map(int, m.groups())
         elif kernels and (m := _USED.search(line)):
             kernels[-1]["registers"] = int(m.group(1))
+    if kernels:  # lines naming a function with no entry line: kept, with the last kernel
+        kernels[-1]["warnings"] += [w for ws in ahead.values() for w in ws]
     return kernels
+
+
+# SASS (nvdisasm, MOSAIC_GPU_DUMP_SASS=1): a function's label, a register-budget change
+# (setmaxnreg: USETMAXREG.TRY_ALLOC... raises a warpgroup's budget, ...DEALLOC... lowers
+# it) and a local-memory access (STL / LDL: spills, when the kernel has no local arrays).
+_SASS_FUNCTION = re.compile(r"^\s*\.text\.([A-Za-z_$][\w$.]*):")
+_SASS_SETMAXREG = re.compile(r"SETMAXREG\.(\S+)\s[^;]*?(0x[0-9a-fA-F]+|\b\d+)\s*;")
+_SASS_LOCAL = re.compile(r"\b(STL|LDL)(\.\S+)?\s")
+
+
+def spill_regions(sass: str) -> dict[str, dict[str, int]]:
+    """Per SASS function, its local stores and loads (STL / LDL) counted by the register
+    budget last set before them in address order: "start" (before any setmaxnreg, the
+    launch budget) or "<kind> <registers>" (e.g. "TRY_ALLOC.CTAPOOL 232", the consumers'
+    raise, or "DEALLOC.CTAPOOL 24", the side warpgroups' cut), each "STL" / "LDL". Address
+    order follows the code's layout, not its control flow, so this says which warpgroup's
+    code a spill most likely sits in (ptxas's report gives only the kernel's total)."""
+    out: dict[str, dict[str, int]] = {}
+    fn, region = None, "start"
+    for line in sass.splitlines():
+        if m := _SASS_FUNCTION.search(line):
+            fn, region = m.group(1), "start"
+            out[fn] = {}
+        elif fn is None:
+            continue
+        elif m := _SASS_SETMAXREG.search(line):
+            region = f"{m.group(1)} {int(m.group(2), 0)}"
+        elif m := _SASS_LOCAL.search(line):
+            key = f"{region} {m.group(1)}"
+            out[fn][key] = out[fn].get(key, 0) + 1
+    return out
 
 
 def shape(head_dim: int, causal: bool):
@@ -96,6 +136,12 @@ def main(argv=None) -> int:
     parser.add_argument("--causal", default="false,true")
     parser.add_argument("--out", default=None)
     parser.add_argument("--timeout", type=float, default=240, help="seconds per child")
+    parser.add_argument(
+        "--sass",
+        default=None,
+        help="folder: also dump each child's SASS there (IMPL-hHD-CAUSAL.sass) and add "
+        "each kernel's spills by register budget (spill_regions) to its row",
+    )
     parser.add_argument("--child", nargs=3, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -103,6 +149,9 @@ def main(argv=None) -> int:
         child(impl, int(head_dim), causal == "true")
         return 0
     env = dict(os.environ, MOSAIC_GPU_DUMP_PTXAS="1")
+    if args.sass:
+        env["MOSAIC_GPU_DUMP_SASS"] = "1"
+        os.makedirs(args.sass, exist_ok=True)
     for impl in args.impls.split(","):
         for head_dim in map(int, args.head_dims.split(",")):
             for causal in args.causal.split(","):
@@ -114,6 +163,13 @@ def main(argv=None) -> int:
                         cmd, capture_output=True, text=True, env=env, timeout=args.timeout
                     )
                     row["kernels"] = parse_ptxas(proc.stdout + "\n" + proc.stderr)
+                    if args.sass:
+                        name = re.sub(r"[^\w.-]+", "_", f"{impl}-h{head_dim}-{causal}")
+                        with open(os.path.join(args.sass, name + ".sass"), "w") as f:
+                            f.write(proc.stdout)
+                        regions = spill_regions(proc.stdout)
+                        for kern in row["kernels"]:
+                            kern["spill_regions"] = regions.get(kern["kernel"])
                     if proc.returncode:
                         row["error"] = f"exit {proc.returncode}: {proc.stderr[-300:]}"
                     elif not row["kernels"]:
@@ -130,6 +186,8 @@ def main(argv=None) -> int:
                     )
                     for warning in kern["warnings"]:
                         print(f"    {warning[:160]}", flush=True)
+                    if kern.get("spill_regions"):
+                        print(f"    local memory by budget: {kern['spill_regions']}", flush=True)
                 if args.out:
                     with open(args.out, "a") as f:
                         f.write(json.dumps(row) + "\n")

@@ -436,7 +436,9 @@ def ring_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-# The Mosaic forward's schedule flags and their labels (all off in MosaicConfig()).
+# The Mosaic forward's schedule flags and their labels (all off in MosaicConfig());
+# one_way_turns was removed after its timing, whose committed rows carry it
+# (results/mosaic-41958b0/).
 _MOSAIC_FLAGS = (
     ("rescale_before_turn", "rescale-early"),
     ("early_k_wait", "k-wait-early"),

@@ -171,11 +171,12 @@ def candidates(family: str, pass_: str, head_dim: int) -> list:
     return fwd_candidates() if pass_ == "fwd" else bwd_candidates()
 
 
-def default_config(family: str, pass_: str, head_dim: int, dtype=jnp.bfloat16):
-    """The default-config table's row that the API would pick."""
+def default_config(family: str, pass_: str, s: suites.Shape):
+    """The default-config table's row that the API would pick for this shape."""
+    head_dim, dtype = s.head_dim, s.dtype
     if family == "mosaic":
         if pass_ == "fwd":
-            return configs.default_mosaic_config(head_dim)
+            return configs.default_mosaic_config(head_dim, s.seq_k, s.causal)
         return configs.default_mosaic_bwd_config(head_dim)
     if pass_ == "fwd":
         return configs.default_triton_config(head_dim, dtype)
@@ -300,7 +301,7 @@ def groups(head_dims, seq: int, passes, tiny: bool, family: str = "triton") -> l
         for causal in (False, True):
             for p in passes:
                 s = shape.replace(causal=causal)
-                default = default_config(family, p, s.head_dim, s.dtype)
+                default = default_config(family, p, s)
                 cands = ordered(candidates(family, p, s.head_dim), default)
                 if tiny:
                     cands = [interpretable(c) for c in cands[:2]]
@@ -446,7 +447,7 @@ def main(argv=None):
     def fwd_time(s: suites.Shape) -> float:
         key = (s.head_dim, s.causal)
         if key not in fwd_times:
-            c = default_config(args.family, "fwd", s.head_dim, s.dtype)
+            c = default_config(args.family, "fwd", s)
             c = interpretable(c) if args.tiny else c
             q, k, v, _, arrays, static = inputs[s.head_dim]
             fwd, _ = bench._bind(_impl(c), s, static)

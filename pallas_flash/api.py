@@ -205,7 +205,7 @@ def flash_attention(
         B, T, _, H = query.shape
         S = key.shape[1]
         if backend == "mosaic":
-            fwd = config or configs.default_mosaic_config(H, S)
+            fwd = config or configs.default_mosaic_config(H, S, call["spec"].causal)
             bwd = backward_config or configs.default_mosaic_bwd_config(H)
         elif backend == "triton":
             fwd = config or configs.default_triton_config(H, query.dtype)

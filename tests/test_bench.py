@@ -158,6 +158,49 @@ def test_ptxas_report_parses_per_kernel():
     assert dq["warnings"] == []
     assert dq["spill_store_bytes"] is None  # no properties line: unknown, not 0
     assert ptxas.parse_ptxas("Used 10 registers") == []  # nothing before an entry
+    # A module compiled after another: its warning comes before its own entry line.
+    loss = (
+        "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions "
+        "are serialized due to insufficient register resources for the function 'bwd'"
+    )
+    text = "\n".join(
+        [
+            "ptxas info    : Compiling entry function 'fwd' for 'sm_90a'",
+            "ptxas info    : Used 168 registers",
+            loss,
+            "ptxas info    : Compiling entry function 'bwd' for 'sm_90a'",
+            "ptxas info    : Used 128 registers",
+        ]
+    )
+    fwd, bwd = ptxas.parse_ptxas(text)
+    assert fwd["warnings"] == [] and bwd["warnings"] == [loss]
+    # SASS: local stores and loads by the register budget set last before them.
+    sass = "\n".join(
+        [
+            "//--------------------- .text.bwd --------------------------",
+            '        .section        .text.bwd,"ax",@progbits',
+            ".text.bwd:",
+            "        /*0000*/                   LDC R1, c[0x0][0x28] ;",
+            "        /*0010*/                   STL [R1+0x8], R2 ;",
+            "        /*0020*/                   USETMAXREG.DEALLOC.CTAPOOL 0x18 ;",
+            "        /*0030*/               @P0 STL.64 [R1], R4 ;",
+            "        /*0040*/                   LDL R4, [R1] ;",
+            "        /*0050*/                   USETMAXREG.TRY_ALLOC.CTAPOOL P1, 0xe8 ;",
+            "        /*0060*/                   LDL.64 R6, [R1+0x10] ;",
+            "        /*0070*/                   STS [R3], R2 ;",
+            ".text.fwd:",
+            "        /*0000*/                   LDS R2, [R3] ;",
+        ]
+    )
+    assert ptxas.spill_regions(sass) == {
+        "bwd": {
+            "start STL": 1,
+            "DEALLOC.CTAPOOL 24 STL": 1,
+            "DEALLOC.CTAPOOL 24 LDL": 1,
+            "TRY_ALLOC.CTAPOOL 232 LDL": 1,
+        },
+        "fwd": {},
+    }
     assert ptxas.shape(64, True).heads == 32
 
 
@@ -385,5 +428,10 @@ def test_mosaic_config_variants_are_named_by_their_fields(monkeypatch):
     impls.lookup("pallas_flash:mosaic/fused=true").fn(q, k, k, causal=False)
     assert seen["backward_config"].fused and not seen["config"].persistent
     assert seen["config"] == mosaic_config.default_mosaic_config(64, 4096)
+    seen.clear()  # and at the call's causal flag (head dim 128: persistent unless causal)
+    q = jnp.zeros((1, 8, 2, 128), jnp.bfloat16)
+    for causal in (False, True):
+        impls.lookup("pallas_flash:mosaic/num_stages=2").fn(q, q, q, causal=causal)
+        assert seen["config"].persistent is not causal
     with pytest.raises(SystemExit):  # the CLI names the bad field before running anything
         bench.main(["--suite", "quick", "--impls", "pallas_flash:mosaic/num_stages=x"])

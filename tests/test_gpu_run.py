@@ -185,13 +185,20 @@ def test_fa_seqs_narrow_the_grid_steps(gpu_run):
 
 
 def test_ptxas_step_builds_its_command(gpu_run):
-    """The ptxas step: our default and fused Mosaic kernels at head dims 64 and 128 unless
-    PTXAS_IMPLS / PTXAS_HEAD_DIMS say otherwise."""
+    """The ptxas step: our default and fused Mosaic kernels at head dims 64 and 128, causal
+    and not, no SASS, unless PTXAS_IMPLS / PTXAS_HEAD_DIMS / PTXAS_CAUSAL / PTXAS_SASS say
+    otherwise."""
     _, calls, _ = gpu_run("ptxas")
     default = _one(calls, "-m benchmarks.ptxas")
     assert "--impls pallas_flash:mosaic,pallas_flash:mosaic-fused --head-dims 64,128" in default
+    assert "--causal false,true" in default and "--sass" not in default
     assert default.endswith("/ptxas.jsonl")
     _, calls, _ = gpu_run(
-        "ptxas", PTXAS_IMPLS="pallas_flash:mosaic/fused=true", PTXAS_HEAD_DIMS="128"
+        "ptxas",
+        PTXAS_IMPLS="pallas_flash:mosaic/fused=true",
+        PTXAS_HEAD_DIMS="128",
+        PTXAS_CAUSAL="false",
+        PTXAS_SASS="1",
     )
-    assert "--impls pallas_flash:mosaic/fused=true --head-dims 128 " in calls[-1]
+    assert "--impls pallas_flash:mosaic/fused=true --head-dims 128 --causal false " in calls[-1]
+    assert "--sass " in calls[-1] and calls[-1].split("--sass ")[1].split()[0].endswith("/sass")

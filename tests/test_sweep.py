@@ -77,8 +77,10 @@ def test_sweep_tiny_mosaic_runs_and_renders(tmp_path):
     assert all(r["check_ok"] and r["check_err"] < 1e-2 for r in rows)
     assert all(r["ms"] > 0 for r in rows if not r["error"])
     assert all(r["error"].startswith("below timing noise") for r in rows if r["error"])
-    # the default and its nearest candidate, as interpret mode runs them (P in shared memory)
-    default_fwd = sweep.interpretable(configs.default_mosaic_config(64))
+    # the default and its nearest candidate, as interpret mode runs them (P in shared memory);
+    # the default is the API's at the tiny shape (persistent: 128 keys, either mask)
+    default_fwd = sweep.interpretable(configs.default_mosaic_config(64, 128))
+    assert default_fwd.persistent
     fwd = [r for r in rows if r["pass"] == "fwd"]
     assert all(r["config"] == dataclasses.asdict(default_fwd) for r in fwd if r["default"])
     (other,) = {tuple(r["config"].items()) for r in fwd if not r["default"]}

@@ -8,7 +8,8 @@ Default-config table (16-bit inputs; head dim padded up to a multiple of 64):
 |-------------------|-------------------------------|--------|-----------------------|
 | 64                | 64 x 256, early K wait        | 2      | 151,128 (bound)       |
 | 64, keys <= 2048  | the same, persistent          | 2      | 167,512 (bound)       |
-| 128               | 64 x 128, early K wait        | 2      | 167,000               |
+| 128, causal       | 64 x 128, early K wait        | 2      | 167,000               |
+| 128, not causal   | the same, persistent          | 2      | 200,280 (bound)       |
 | 192, 256          | 64 x 64, early K wait         | 2      | 150,616, 199,768      |
 
 (Shared memory as Mosaic GPU's lowering reports it, with P in registers; "bound":
@@ -44,11 +45,18 @@ gpu_run.sh step `sweep-mosaic:HD:fwd`; B=2, T=S=8k, bf16; TFLOP/s non-causal / c
   `-128-true.jsonl`): at head dim 64 it is 1.13x / 1.06x the default non-causal at 1k /
   2k (410.6 / 455.7 TFLOP/s, 1.02x / 1.05x the best peer) and 1.08x / 1.05x causal;
   at head dim 128 causal it is 0.96x, 0.89x, 0.82x and 0.87x at 1k, 2k, 8k and 16k,
-  and at 256 causal 8k 0.82x. So it is the default at head dim 64 for key lengths up
-  to 2048 only (`default_mosaic_config(head_dim, seq_k)`), where a CTA's walk is at
-  most eight 256-key tiles and its prologue and epilogue weigh most; at 4k and up at
-  head dim 64 it has not been timed. (Measured before causal rounds alternated
-  direction: see forward.persistent_item.)
+  and at 256 causal 8k 0.82x. So it became the default at head dim 64 for key lengths
+  up to 2048 (`default_mosaic_config(head_dim, seq_k)`), where a CTA's walk is at most
+  eight 256-key tiles and its prologue and epilogue weigh most; at 4k and up at head
+  dim 64 it has not been timed.
+- Persistent at head dim 128 again, beside the default in one run at 41958b0 (after the
+  snake order of causal rounds, forward.persistent_item; tokamax runs persistent exactly
+  when not causal; `results/mosaic-41958b0/fa-mosaic-128-*-variants.jsonl`): non-causal
+  1.06x, 1.06x, 1.00x and 1.01x the default at 1k, 2k, 8k and 16k (528.5, 597.1, 591.3,
+  599.1 TFLOP/s); causal still 0.96x, 0.90x, 0.93x and 0.98x. So at head dim 128 it is
+  the default when the call is not causal (`causal=False`; the API passes it), at
+  every length. At 256 non-causal the sweep had it at 604 against the early K wait's
+  609 TFLOP/s, so not there.
 Starting points came from JAX's own Mosaic FA3
 (`jax/experimental/pallas/ops/gpu/attention_mgpu.py`), whose benchmark keeps 64 query
 rows per warpgroup and two K/V stages and takes the first block_kv of 256, 128, 64 that
@@ -134,10 +142,6 @@ class MosaicConfig:
     num_stages: K/V tiles in flight in the shared-memory ring.
     schedule_barrier: FA3's ping-pong: the two consumer warpgroups take turns at the
       tensor cores, so one's softmax overlaps the other's matmuls.
-    one_way_turns: the ping-pong as FA3 and tokamax hand turns over: one arrive (after
-      issuing) and one wait (before the next products) per step, where the default
-      rendezvous also makes each consumer's meet wait for the other's previous softmax
-      (forward.PingPong). Needs schedule_barrier. Not yet measured, so off.
     p_in_registers: P V takes P from registers (FA3's choice); False stages P through
       shared memory, the only form GPU interpret mode can run (see forward.py).
     rescale_before_turn: rescale the accumulator and cast P to 16 bits before handing
@@ -170,7 +174,6 @@ class MosaicConfig:
     block_kv: int = 128
     num_stages: int = 2
     schedule_barrier: bool = True
-    one_way_turns: bool = False
     p_in_registers: bool = True
     rescale_before_turn: bool = False
     early_k_wait: bool = False
@@ -189,8 +192,6 @@ class MosaicConfig:
                 "intra_overlap is a schedule of its own: it takes neither "
                 "rescale_before_turn nor early_k_wait"
             )
-        if self.one_way_turns and not self.schedule_barrier:
-            raise ValueError("one_way_turns is a form of ping-pong: it needs schedule_barrier")
         if self.intra_overlap and self.persistent:
             raise ValueError("intra_overlap is a schedule of its own: not with persistent")
 
@@ -332,9 +333,12 @@ def padded_head_dim(head_dim: int) -> int:
 PERSISTENT_MAX_KEYS = 2048
 
 
-def default_mosaic_config(head_dim: int, seq_k: int | None = None) -> MosaicConfig:
-    """The default table's row for this head dim (16-bit inputs only) and key length
-    (None: a long one)."""
+def default_mosaic_config(
+    head_dim: int, seq_k: int | None = None, causal: bool | None = None
+) -> MosaicConfig:
+    """The default table's row for this head dim (16-bit inputs only), key length (None:
+    a long one) and whether the mask is causal (None: not known; then only what was
+    measured faster both ways). The API passes all three."""
     hp = padded_head_dim(head_dim)
     if hp == 64:
         # 256-key tiles: the sweep at 06da646 (B=2, T=S=8k) ran 466 / 453 TFLOP/s (full /
@@ -346,7 +350,11 @@ def default_mosaic_config(head_dim: int, seq_k: int | None = None) -> MosaicConf
             block_q=64, block_kv=256, num_stages=2, early_k_wait=True, persistent=short
         )
     if hp <= 128:
-        return MosaicConfig(block_q=64, block_kv=128, num_stages=2, early_k_wait=True)
+        # Persistent when not causal: 1.06x / 1.06x / 1.00x / 1.01x at 1k / 2k / 8k /
+        # 16k; causal 0.90-0.98x (module docstring).
+        return MosaicConfig(
+            block_q=64, block_kv=128, num_stages=2, early_k_wait=True, persistent=causal is False
+        )
     return MosaicConfig(block_q=64, block_kv=64, num_stages=2, early_k_wait=True)
 
 

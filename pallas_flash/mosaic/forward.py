@@ -210,68 +210,53 @@ def drain_ring(free, end, stages: int):
 
 
 class PingPong:
-    """FA3's ping-pong of two consumer warpgroups, for steps of one shape: products,
-    elementwise work (the softmax), more products. Consumer 1 goes second: it waits once
-    before the first step (`start`), consumer 0 gives it one more turn after the last
-    (`end`), so that one's elementwise work runs beside the other's matmuls. Both must
-    walk the same number of steps, so that neither waits forever. `turns` None (no
+    """FA3's ping-pong of two consumer warpgroups over a `turns` barrier (two arrivals),
+    for steps of one shape: products, elementwise work (the softmax), more products. A
+    consumer meets the other after issuing a step's first products (`meet`: ours are
+    issued, the other may issue its own), arrives when its elementwise work is done
+    (`elementwise_done`) and waits for its turn before the next products (`my_turn`);
+    consumer 1 meets once before the first step (`start`) and consumer 0 once after the
+    last (`end`), so that one's elementwise work runs beside the other's matmuls. Both
+    must walk the same number of steps, so that neither waits forever. `turns` None (no
     ping-pong): every call is a no-op.
 
-    Two protocols (`MosaicConfig.one_way_turns`):
-    - rendezvous (`turns` a barrier of two arrivals): a consumer meets the other after
-      issuing a step's first products (`meet`: arrive and wait), arrives when its
-      elementwise work is done (`elementwise_done`) and waits for its turn before the next
-      products (`my_turn`). The meet also waits for the other's previous elementwise work,
-      so the two softmaxes never overlap.
-    - one way (`turns` a dict: `go`, one single-arrival barrier per consumer, and `sync`,
-      two arrivals): after issuing its products a consumer hands the other its turn
-      (`meet` arrives on the other's `go`, without waiting) and waits on its own `go`
-      before the next products (FA3's and tokamax's order: one arrive and one wait per
-      step). A barrier's phase is told by its parity, so no consumer may hand over two
-      turns the other has not taken yet: inside an item each hand-over needs the other's
-      last one first, and at an item's end both meet on `sync` after consumer 0's last
-      hand-over (else its next item's first could land before the other took that one).
+    The meet also waits for the other's previous elementwise work, so the two softmaxes
+    never overlap. FA3's and tokamax's one-way hand-over (one arrive after issuing, one
+    wait before the next products) avoids that; built here as an option at ac9dc15 and
+    timed at 41958b0, it ran 0.96-1.00x this rendezvous at head dim 128 (README), so it
+    was removed.
     """
 
-    def __init__(self, turns, wg, *, one_way: bool = False):
+    def __init__(self, turns, wg):
         self.turns, self.wg = turns, wg  # wg: the consumer's index, static or traced
-        self.one_way = one_way
 
     def meet(self):
-        if self.turns is None:
-            return
-        if self.one_way:
-            plgpu.barrier_arrive(self.turns["go"].at[1 - self.wg])
-            return
-        plgpu.barrier_arrive(self.turns)
-        plgpu.barrier_wait(self.turns)
+        if self.turns is not None:
+            plgpu.barrier_arrive(self.turns)
+            plgpu.barrier_wait(self.turns)
 
     def elementwise_done(self):
-        if self.turns is not None and not self.one_way:
+        if self.turns is not None:
             plgpu.barrier_arrive(self.turns)
 
     def my_turn(self):
-        if self.turns is None:
-            return
-        plgpu.barrier_wait(self.turns["go"].at[self.wg] if self.one_way else self.turns)
+        if self.turns is not None:
+            plgpu.barrier_wait(self.turns)
 
     def start(self):  # before the first step
-        self._on(1, self.my_turn if self.one_way else self.meet)
+        self._on(1)
 
     def end(self):  # after the last
-        self._on(0, self.meet)  # (one way: consumer 1's last turn)
-        if self.turns is not None and self.one_way:
-            plgpu.barrier_arrive(self.turns["sync"])
-            plgpu.barrier_wait(self.turns["sync"])
+        self._on(0)
 
-    def _on(self, wg: int, fn):  # fn() if this is consumer `wg`
+    def _on(self, wg: int):  # meet if this is consumer `wg`
         if self.turns is None:
             return
         if isinstance(self.wg, int):
             if self.wg == wg:
-                fn()
+                self.meet()
         else:
-            pl.when(self.wg == wg)(fn)
+            pl.when(self.wg == wg)(self.meet)
 
 
 def persistent_item(cta, i, num_ctas: int, *, snake: bool):
@@ -426,7 +411,7 @@ def _kernel(
             diag = masks.offset(spec, q_len, kv_len) if spec.uses_offset else 0
             c = scale * LOG2E  # base-2 scores: log2(e) folded into the scale
 
-            pingpong = PingPong(turns, wg, one_way=config.one_way_turns)
+            pingpong = PingPong(turns, wg)
 
             def wait_next_k(j):  # early_k_wait: K of tile j + 1, while tile j's P V runs
                 @pl.when(j + 1 < hi)
@@ -682,19 +667,6 @@ def _kernel(
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # as at the end of a CTA above
 
 
-def _turns(config: MosaicConfig):
-    """The ping-pong's barriers (PingPong): none, a rendezvous of the two consumers, or
-    (one way) one single-arrival barrier per consumer and a rendezvous for items' ends."""
-    if not config.schedule_barrier:
-        return None
-    if not config.one_way_turns:
-        return plgpu.Barrier(num_arrivals=NUM_CONSUMERS)
-    return dict(
-        go=plgpu.Barrier(num_arrivals=1, num_barriers=NUM_CONSUMERS),
-        sync=plgpu.Barrier(num_arrivals=NUM_CONSUMERS),
-    )
-
-
 # Persistent CTAs in GPU interpret mode: few, so that each walks several work items.
 _PERSISTENT_CTAS = 3
 
@@ -814,7 +786,7 @@ def forward(
         v_ready=plgpu.Barrier(num_barriers=stages),
         k_free=plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
         v_free=plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
-        turns=_turns(config),
+        turns=plgpu.Barrier(num_arrivals=NUM_CONSUMERS) if config.schedule_barrier else None,
         o_smem=plgpu.SMEM((NUM_CONSUMERS, config.block_q, hp), q.dtype, transforms=transforms)
         if config.o_buffer(hp, q.dtype.itemsize)
         else None,
