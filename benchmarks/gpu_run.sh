@@ -8,6 +8,9 @@ commit=$1; shift
 # (GPU_RUN_SITE: where the peer wheels go; tests/test_gpu_run.py points it elsewhere.)
 site=${GPU_RUN_SITE:-/tmp/site}
 if [ ! -e "$site/.installed" ]; then
+  # tokamax imports xprof (its profiler) from .peers/stub: a plain `cp` of the wheels
+  # leaves it out, and every tokamax row then fails (as at 41958b0's first timing).
+  [ -d .peers/stub ] || echo "gpu_run: no .peers/stub (cp -r ../shared/peer-wheels/. .peers/): tokamax rows will fail" >&2
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .peers/*.whl \
     && mkdir -p "$site" && touch "$site/.installed" || exit 1
 fi
