@@ -72,9 +72,13 @@ for step in "$@"; do
              > "$OUT/mosaic-smoke.log" 2>&1; echo "pytest rc=$?"; tail -3 "$OUT/mosaic-smoke.log" ;;
     # -v: each result is logged as it lands, so a timeout still leaves what had passed.
     # MOSAIC_TESTS_K: only the tests whose ids match (pytest -k), e.g. those a timeout cut.
+    # MOSAIC_TESTS_WORKERS (8): the tests are compile-bound (96 tests took 530 s over 8
+    # at 41958b0, about 44 s a test per worker) on a 16-core host: more workers may
+    # finish sooner; --durations (when it finishes) says where the time goes.
     mosaic-tests) XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "${MOSAIC_TESTS_TIMEOUT:-500}" \
              python3 -m pytest -m gpu tests/test_mosaic.py tests/test_mosaic_backward.py -v \
-             -p no:cacheprovider -p no:benchmark -rA -n 8 ${MOSAIC_TESTS_K:+-k "$MOSAIC_TESTS_K"} \
+             -p no:cacheprovider -p no:benchmark -rA -n "${MOSAIC_TESTS_WORKERS:-8}" \
+             --durations=15 ${MOSAIC_TESTS_K:+-k "$MOSAIC_TESTS_K"} \
              > "$OUT/mosaic-tests.log" 2>&1; echo "pytest rc=$?"; tail -3 "$OUT/mosaic-tests.log" ;;
     memory-ours) timeout 200 python3 -m benchmarks.bench --suite memory --commit "$commit" \
              --run-id "$run_id" --impls pallas_flash:triton --out "$OUT/memory.jsonl" ;;

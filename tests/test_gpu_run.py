@@ -202,3 +202,13 @@ def test_ptxas_step_builds_its_command(gpu_run):
     )
     assert "--impls pallas_flash:mosaic/fused=true --head-dims 128 --causal false " in calls[-1]
     assert "--sass " in calls[-1] and calls[-1].split("--sass ")[1].split()[0].endswith("/sass")
+
+
+def test_mosaic_tests_step_builds_its_command(gpu_run):
+    """The compiled Mosaic tests: 8 workers unless MOSAIC_TESTS_WORKERS says otherwise,
+    the slowest tests listed, MOSAIC_TESTS_K passed to -k."""
+    _, calls, _ = gpu_run("mosaic-tests")
+    default = _one(calls, "-m pytest -m gpu tests/test_mosaic.py")
+    assert " -n 8 " in default and "--durations=15" in default and " -k " not in default
+    _, calls, _ = gpu_run("mosaic-tests", MOSAIC_TESTS_WORKERS="14", MOSAIC_TESTS_K="fused")
+    assert " -n 14 " in calls[-1] and calls[-1].endswith("-k fused")
