@@ -135,8 +135,9 @@ for step in "$@"; do
     # Registers and spills of each Mosaic kernel from ptxas's own report (compiles only
     # one small fwd + bwd per implementation, head dim and causal flag): PTXAS_IMPLS,
     # PTXAS_HEAD_DIMS, PTXAS_CAUSAL pick them; PTXAS_SASS=1 also brings back each one's
-    # SASS (one file each under $OUT/sass: mind the 8 files a call returns) and counts
-    # each kernel's spills by register budget (which warpgroup's code they sit in).
+    # SASS (one file each under $OUT/sass: mind the 8 files a call returns), counts
+    # each kernel's spills by register budget (which warpgroup's code they sit in) and
+    # lists its loops' instruction mix (ptxas.sass_loops).
     ptxas) timeout 500 python3 -m benchmarks.ptxas \
              --impls "${PTXAS_IMPLS:-pallas_flash:mosaic,pallas_flash:mosaic-fused}" \
              --head-dims "${PTXAS_HEAD_DIMS:-64,128}" --causal "${PTXAS_CAUSAL:-false,true}" \

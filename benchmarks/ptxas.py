@@ -12,7 +12,10 @@ stack frame, spill stores and spill loads (bytes), and ptxas's "Potential Perfor
 Loss" warnings (wgmmas it had to serialize). A warp-specialised kernel sets its
 warpgroups' register budgets itself (setmaxnreg), so a spill here means some warpgroup
 holds more than its budget: the first thing to rule out when a kernel is slower than
-its matmul count says (the fused backward, README).
+its matmul count says (the fused backward, README). With --sass it also keeps each
+child's SASS (nvdisasm, MOSAIC_GPU_DUMP_SASS=1) and adds to each kernel its local
+loads and stores by register budget (`spill_regions`) and its loops' instruction mix
+(`sass_loops`).
 """
 
 from __future__ import annotations
@@ -109,6 +112,154 @@ def spill_regions(sass: str) -> dict[str, dict[str, int]]:
     return out
 
 
+_SASS_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)[^;]*;")
+_SASS_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_SASS_BRANCH = re.compile(r"\bBRA\b[^;]*?`?\(?(\.L_x_\d+)\)?")
+# Opcode classes for a loop's mix: what the tensor cores, the special-function units
+# (exp2), the float and integer pipes and memory each get.
+_SASS_CLASSES = {
+    "wgmma": ("HGMMA", "WARPGROUP"),
+    "mufu": ("MUFU",),
+    "float": (
+        "FADD",
+        "FMUL",
+        "FFMA",
+        "FMNMX",
+        "FSEL",
+        "FSETP",
+        "F2F",
+        "F2FP",
+        "FCHK",
+        "HADD2",
+        "HMUL2",
+        "HFMA2",
+    ),
+    "int": (
+        "IADD3",
+        "IMAD",
+        "LOP3",
+        "SHF",
+        "ISETP",
+        "SEL",
+        "LEA",
+        "IABS",
+        "IMNMX",
+        "PRMT",
+        "SGXT",
+        "BMSK",
+        "POPC",
+        "FLO",
+        "BREV",
+        "I2F",
+        "F2I",
+        "IADD",
+        "MOV",
+        "UIADD3",
+        "UIMAD",
+        "ULOP3",
+        "USHF",
+        "UISETP",
+        "USEL",
+        "ULEA",
+        "UMOV",
+        "S2R",
+        "S2UR",
+        "R2UR",
+        "CS2R",
+        "P2R",
+        "R2P",
+        "PLOP3",
+        "UPLOP3",
+        "VOTE",
+        "VOTEU",
+    ),
+    "shared": ("LDS", "STS", "LDSM", "STSM", "ATOMS"),
+    "local": ("LDL", "STL"),
+    "global": (
+        "LDG",
+        "STG",
+        "LDC",
+        "ULDC",
+        "RED",
+        "ATOMG",
+        "UTMALDG",
+        "UTMASTG",
+        "UTMAREDG",
+        "UBLKCP",
+        "UTMAPF",
+    ),
+    "sync": (
+        "BAR",
+        "SYNCS",
+        "WARPSYNC",
+        "DEPBAR",
+        "MEMBAR",
+        "FENCE",
+        "ERRBAR",
+        "NANOSLEEP",
+        "USETMAXREG",
+    ),
+}
+
+
+def _sass_class(opcode: str) -> str:
+    return next((name for name, ops in _SASS_CLASSES.items() if opcode in ops), "other")
+
+
+# Loops shorter than this are barrier and semaphore spin-waits (a try-wait and a branch
+# back), not a kernel's steps.
+SASS_MIN_LOOP = 16
+
+
+def sass_loops(sass: str) -> dict[str, list[dict]]:
+    """Per SASS function, its loops (a backward branch to a label: the code from the
+    label to the branch) of at least SASS_MIN_LOOP instructions, in address order, each
+    with its range, instruction count and mix by class (`_SASS_CLASSES`: wgmma, mufu,
+    float, int, shared, local, global, sync, other). An outer loop's count includes its
+    inner loops'. What a kernel's step issues beside its wgmmas: at 41958b0 the lowered
+    Mosaic modules hinted that a masked step's index arithmetic and the fused backward's
+    exchanges cost more instructions than its math; this says what is left after LLVM
+    and ptxas."""
+    out: dict[str, list[dict]] = {}
+    fn, labels, code, branches, label_here = None, {}, [], [], []
+
+    def close():
+        if fn is None:
+            return
+        loops = {}
+        for name, end in branches:
+            start = labels.get(name)
+            if start is None or start > end or (start, end) in loops:
+                continue
+            body = [op for addr, op in code if start <= addr <= end]
+            if len(body) < SASS_MIN_LOOP:
+                continue
+            mix: dict[str, int] = {}
+            for op in body:
+                mix[_sass_class(op)] = mix.get(_sass_class(op), 0) + 1
+            loops[(start, end)] = dict(start=start, end=end, instructions=len(body), mix=mix)
+        out[fn] = [loops[k] for k in sorted(loops)]
+
+    for line in sass.splitlines():
+        if m := _SASS_FUNCTION.search(line):
+            close()
+            fn, labels, code, branches, label_here = m.group(1), {}, [], [], []
+        elif fn is None:
+            continue
+        elif m := _SASS_LABEL.search(line):
+            label_here.append(m.group(1))
+        elif m := _SASS_INSTRUCTION.search(line):
+            addr = int(m.group(1), 16)
+            for name in label_here:
+                labels[name] = addr
+            label_here = []
+            code.append((addr, m.group(3)))
+            if m.group(3) == "BRA" and (b := _SASS_BRANCH.search(line)):
+                branches.append((b.group(1), addr))
+    close()
+    return out
+
+
 def shape(head_dim: int, causal: bool):
     from benchmarks import suites
 
@@ -167,9 +318,10 @@ def main(argv=None) -> int:
                         name = re.sub(r"[^\w.-]+", "_", f"{impl}-h{head_dim}-{causal}")
                         with open(os.path.join(args.sass, name + ".sass"), "w") as f:
                             f.write(proc.stdout)
-                        regions = spill_regions(proc.stdout)
+                        regions, loops = spill_regions(proc.stdout), sass_loops(proc.stdout)
                         for kern in row["kernels"]:
                             kern["spill_regions"] = regions.get(kern["kernel"])
+                            kern["loops"] = loops.get(kern["kernel"])
                     if proc.returncode:
                         row["error"] = f"exit {proc.returncode}: {proc.stderr[-300:]}"
                     elif not row["kernels"]:
@@ -188,6 +340,12 @@ def main(argv=None) -> int:
                         print(f"    {warning[:160]}", flush=True)
                     if kern.get("spill_regions"):
                         print(f"    local memory by budget: {kern['spill_regions']}", flush=True)
+                    for loop in kern.get("loops") or []:
+                        print(
+                            f"    loop {loop['start']:#x}-{loop['end']:#x}: "
+                            f"{loop['instructions']} instructions {loop['mix']}",
+                            flush=True,
+                        )
                 if args.out:
                     with open(args.out, "a") as f:
                         f.write(json.dumps(row) + "\n")

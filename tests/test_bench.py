@@ -201,6 +201,25 @@ def test_ptxas_report_parses_per_kernel():
         },
         "fwd": {},
     }
+    # SASS loops: a step loop of 17 instructions with a spin-wait inside (too short to
+    # count on its own), by class.
+    body = ["HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24", "MUFU.EX2 R3, R3"]
+    body += ["FFMA R4, R4, R5, -R6", "FMNMX R7, R7, R8, !PT", "IMAD R9, R9, 0x2, R1"] * 3
+    body += ["LDS R10, [R11]", "STL [R1], R2", "ISETP.GE.AND P0, PT, R9, R12, PT"]
+    lines = [".text.k:", "        /*0000*/                   S2R R0, SR_TID.X ;", ".L_x_1:"]
+    lines += [
+        f"        /*{16 * (i + 1):04x}*/                   {op} ;" for i, op in enumerate(body)
+    ]
+    lines += [
+        ".L_x_2:",
+        "        /*0130*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [R4+URZ], R5 ;",
+        "        /*0140*/               @!P1 BRA `(.L_x_2) ;",
+        "        /*0150*/                @P0 BRA `(.L_x_1) ;",
+        "        /*0160*/                   EXIT ;",
+    ]
+    (loop,) = ptxas.sass_loops("\n".join(lines))["k"]
+    assert (loop["start"], loop["end"], loop["instructions"]) == (0x10, 0x150, 17)
+    assert loop["mix"] == dict(wgmma=1, mufu=1, float=6, int=4, shared=1, local=1, sync=1, other=2)
     assert ptxas.shape(64, True).heads == 32
 
 
