@@ -21,6 +21,7 @@ loads and stores by register budget (`spill_regions`) and its loops' instruction
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -89,6 +90,18 @@ _SASS_SETMAXREG = re.compile(r"SETMAXREG\.(\S+)\s[^;]*?(0x[0-9a-fA-F]+|\b\d+)\s*
 _SASS_LOCAL = re.compile(r"\b(STL|LDL)(\.\S+)?\s")
 
 
+def _sass_functions(sass: str) -> dict[str, list[str]]:
+    """Each SASS function's lines, from its `.text.NAME:` label to the next one."""
+    out: dict[str, list[str]] = {}
+    lines = None
+    for line in sass.splitlines():
+        if m := _SASS_FUNCTION.search(line):
+            lines = out[m.group(1)] = []
+        elif lines is not None:
+            lines.append(line)
+    return out
+
+
 def spill_regions(sass: str) -> dict[str, dict[str, int]]:
     """Per SASS function, its local stores and loads (STL / LDL) counted by the register
     budget last set before them in address order: "start" (before any setmaxnreg, the
@@ -97,18 +110,14 @@ def spill_regions(sass: str) -> dict[str, dict[str, int]]:
     order follows the code's layout, not its control flow, so this says which warpgroup's
     code a spill most likely sits in (ptxas's report gives only the kernel's total)."""
     out: dict[str, dict[str, int]] = {}
-    fn, region = None, "start"
-    for line in sass.splitlines():
-        if m := _SASS_FUNCTION.search(line):
-            fn, region = m.group(1), "start"
-            out[fn] = {}
-        elif fn is None:
-            continue
-        elif m := _SASS_SETMAXREG.search(line):
-            region = f"{m.group(1)} {int(m.group(2), 0)}"
-        elif m := _SASS_LOCAL.search(line):
-            key = f"{region} {m.group(1)}"
-            out[fn][key] = out[fn].get(key, 0) + 1
+    for fn, lines in _sass_functions(sass).items():
+        counts, region = collections.Counter(), "start"
+        for line in lines:
+            if m := _SASS_SETMAXREG.search(line):
+                region = f"{m.group(1)} {int(m.group(2), 0)}"
+            elif m := _SASS_LOCAL.search(line):
+                counts[f"{region} {m.group(1)}"] += 1
+        out[fn] = dict(counts)
     return out
 
 
@@ -118,87 +127,18 @@ _SASS_BRANCH = re.compile(r"\bBRA\b[^;]*?`?\(?(\.L_x_\d+)\)?")
 # Opcode classes for a loop's mix: what the tensor cores, the special-function units
 # (exp2), the float and integer pipes and memory each get.
 _SASS_CLASSES = {
-    "wgmma": ("HGMMA", "WARPGROUP"),
-    "mufu": ("MUFU",),
-    "float": (
-        "FADD",
-        "FMUL",
-        "FFMA",
-        "FMNMX",
-        "FSEL",
-        "FSETP",
-        "F2F",
-        "F2FP",
-        "FCHK",
-        "HADD2",
-        "HMUL2",
-        "HFMA2",
-    ),
+    "wgmma": "HGMMA WARPGROUP".split(),
+    "mufu": ["MUFU"],
+    "float": "FADD FMUL FFMA FMNMX FSEL FSETP F2F F2FP FCHK HADD2 HMUL2 HFMA2".split(),
     "int": (
-        "IADD3",
-        "IMAD",
-        "LOP3",
-        "SHF",
-        "ISETP",
-        "SEL",
-        "LEA",
-        "IABS",
-        "IMNMX",
-        "PRMT",
-        "SGXT",
-        "BMSK",
-        "POPC",
-        "FLO",
-        "BREV",
-        "I2F",
-        "F2I",
-        "IADD",
-        "MOV",
-        "UIADD3",
-        "UIMAD",
-        "ULOP3",
-        "USHF",
-        "UISETP",
-        "USEL",
-        "ULEA",
-        "UMOV",
-        "S2R",
-        "S2UR",
-        "R2UR",
-        "CS2R",
-        "P2R",
-        "R2P",
-        "PLOP3",
-        "UPLOP3",
-        "VOTE",
-        "VOTEU",
-    ),
-    "shared": ("LDS", "STS", "LDSM", "STSM", "ATOMS"),
-    "local": ("LDL", "STL"),
-    "global": (
-        "LDG",
-        "STG",
-        "LDC",
-        "ULDC",
-        "RED",
-        "ATOMG",
-        "UTMALDG",
-        "UTMASTG",
-        "UTMAREDG",
-        "UBLKCP",
-        "UTMAPF",
-    ),
-    "sync": (
-        "BAR",
-        "SYNCS",
-        "WARPSYNC",
-        "DEPBAR",
-        "MEMBAR",
-        "FENCE",
-        "ERRBAR",
-        "NANOSLEEP",
-        "USETMAXREG",
-    ),
+        "IADD3 IMAD LOP3 SHF ISETP SEL LEA IABS IMNMX PRMT SGXT BMSK POPC FLO BREV I2F F2I "
+        "IADD MOV UIADD3 UIMAD ULOP3 USHF UISETP USEL ULEA UMOV S2R S2UR R2UR CS2R P2R R2P "
+        "PLOP3 UPLOP3 VOTE VOTEU"
+    ).split(),
+    "shared": "LDS STS LDSM STSM ATOMS".split(),
+    "local": "LDL STL".split(),
+    "global": "LDG STG LDC ULDC RED ATOMG UTMALDG UTMASTG UTMAREDG UBLKCP UTMAPF".split(),
+    "sync": "BAR SYNCS WARPSYNC DEPBAR MEMBAR FENCE ERRBAR NANOSLEEP USETMAXREG".split(),
 }
 
 
@@ -211,6 +151,31 @@ def _sass_class(opcode: str) -> str:
 SASS_MIN_LOOP = 16
 
 
+def _loops(lines: list[str]) -> list[dict]:
+    """One SASS function's loops (see sass_loops), in address order."""
+    labels, code, branches, here = {}, [], [], []
+    for line in lines:
+        if m := _SASS_LABEL.search(line):
+            here.append(m.group(1))
+        elif m := _SASS_INSTRUCTION.search(line):
+            addr = int(m.group(1), 16)
+            labels.update(dict.fromkeys(here, addr))  # labels name the next instruction
+            here = []
+            code.append((addr, m.group(3)))
+            if m.group(3) == "BRA" and (b := _SASS_BRANCH.search(line)):
+                branches.append((b.group(1), addr))
+    loops = {}
+    for name, end in branches:
+        start = labels.get(name)
+        if start is None or start > end or (start, end) in loops:
+            continue
+        body = [op for addr, op in code if start <= addr <= end]
+        if len(body) >= SASS_MIN_LOOP:
+            mix = dict(collections.Counter(map(_sass_class, body)))
+            loops[(start, end)] = dict(start=start, end=end, instructions=len(body), mix=mix)
+    return [loops[k] for k in sorted(loops)]
+
+
 def sass_loops(sass: str) -> dict[str, list[dict]]:
     """Per SASS function, its loops (a backward branch to a label: the code from the
     label to the branch) of at least SASS_MIN_LOOP instructions, in address order, each
@@ -220,44 +185,7 @@ def sass_loops(sass: str) -> dict[str, list[dict]]:
     Mosaic modules hinted that a masked step's index arithmetic and the fused backward's
     exchanges cost more instructions than its math; this says what is left after LLVM
     and ptxas."""
-    out: dict[str, list[dict]] = {}
-    fn, labels, code, branches, label_here = None, {}, [], [], []
-
-    def close():
-        if fn is None:
-            return
-        loops = {}
-        for name, end in branches:
-            start = labels.get(name)
-            if start is None or start > end or (start, end) in loops:
-                continue
-            body = [op for addr, op in code if start <= addr <= end]
-            if len(body) < SASS_MIN_LOOP:
-                continue
-            mix: dict[str, int] = {}
-            for op in body:
-                mix[_sass_class(op)] = mix.get(_sass_class(op), 0) + 1
-            loops[(start, end)] = dict(start=start, end=end, instructions=len(body), mix=mix)
-        out[fn] = [loops[k] for k in sorted(loops)]
-
-    for line in sass.splitlines():
-        if m := _SASS_FUNCTION.search(line):
-            close()
-            fn, labels, code, branches, label_here = m.group(1), {}, [], [], []
-        elif fn is None:
-            continue
-        elif m := _SASS_LABEL.search(line):
-            label_here.append(m.group(1))
-        elif m := _SASS_INSTRUCTION.search(line):
-            addr = int(m.group(1), 16)
-            for name in label_here:
-                labels[name] = addr
-            label_here = []
-            code.append((addr, m.group(3)))
-            if m.group(3) == "BRA" and (b := _SASS_BRANCH.search(line)):
-                branches.append((b.group(1), addr))
-    close()
-    return out
+    return {fn: _loops(lines) for fn, lines in _sass_functions(sass).items()}
 
 
 def shape(head_dim: int, causal: bool):
