@@ -483,9 +483,10 @@ def test_default_configs_fit_in_shared_memory(head_dim, seq_k, causal):
 
 
 def test_default_is_persistent_only_where_measured_faster():
-    """Head dim 64 (33-64 padded) up to 2048 keys (1.05-1.13x there), and head dim 128
-    when not causal (1.00-1.06x); slower at 128 causal and at 256, and not timed at 64
-    beyond 2k (mosaic/config.py). Causal None (not known): only what wins both ways."""
+    """Head dim 64 (33-64 padded) up to 2048 keys (1.05-1.13x there), head dim 128
+    when not causal (1.00-1.06x) and head dim 256 when not causal up to 4096 keys
+    (1.01-1.05x); slower at 128 and 256 causal and at 256 8k, and not timed at 64 beyond
+    2k (mosaic/config.py). Causal None (not known): only what wins both ways."""
     for head_dim, seq_k, causal, want in [
         (64, 1, None, True),
         (48, 2048, True, True),
@@ -497,12 +498,32 @@ def test_default_is_persistent_only_where_measured_faster():
         (128, 1024, False, True),
         (96, None, False, True),  # padded to 128
         (128, None, True, False),
-        (256, 1024, False, False),
+        (256, 1024, False, True),
+        (192, 4096, False, True),  # padded to 256
+        (256, 4097, False, False),
+        (256, 1024, True, False),
+        (256, 1024, None, False),
         (256, None, False, False),
     ]:
         config = default_mosaic_config(head_dim, seq_k, causal)
         assert config.persistent == want, (head_dim, seq_k, causal)
-        assert config.o_buffer(padded_head_dim(head_dim)) == want  # O has its own buffer
+        # O has its own buffer where persistent, except at 256 (no room: through Q's).
+        hp = padded_head_dim(head_dim)
+        assert config.o_buffer(hp) == (want and hp != 256), (head_dim, seq_k, causal)
+
+
+def test_default_block_kv_at_head_dim_64():
+    """256-key tiles, except causal up to 2048 keys (1.11x / 1.04x with 128 at 1k / 2k;
+    256 is 1.07x ahead at 8k): mosaic/config.py."""
+    for seq_k, causal, want in [
+        (1024, True, 128),
+        (2048, True, 128),
+        (2049, True, 256),
+        (None, True, 256),
+        (1024, False, 256),
+        (1024, None, 256),  # not known: what wins both ways
+    ]:
+        assert default_mosaic_config(64, seq_k, causal).block_kv == want, (seq_k, causal)
 
 
 def test_api_default_follows_the_call(monkeypatch):
@@ -563,6 +584,15 @@ def test_gpu_matches_reference(case, p_in_registers):
     config = dataclasses.replace(
         default_mosaic_config(case.head_dim), p_in_registers=p_in_registers
     )
+    _compare(case, config, interpret=False, seed=seed_of(case))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_default_for_the_call_matches_reference(case):
+    """The row the API picks for this call (head dim, key length, causal flag): the
+    tests above take the head dim's row alone."""
+    config = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
     _compare(case, config, interpret=False, seed=seed_of(case))
 
 

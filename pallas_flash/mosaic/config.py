@@ -8,9 +8,11 @@ Default-config table (16-bit inputs; head dim padded up to a multiple of 64):
 |-------------------|-------------------------------|--------|-----------------------|
 | 64                | 64 x 256, early K wait        | 2      | 151,128 (bound)       |
 | 64, keys <= 2048  | the same, persistent          | 2      | 167,512 (bound)       |
+| 64, keys <= 2048, causal | 64 x 128, persistent   | 2      | 101,976 (bound)       |
 | 128, causal       | 64 x 128, early K wait        | 2      | 167,000               |
 | 128, not causal   | the same, persistent          | 2      | 200,280 (bound)       |
 | 192, 256          | 64 x 64, early K wait         | 2      | 150,616, 199,768      |
+| 192, 256, keys <= 4096, not causal | the same, persistent | 2 | 199,768 (O through Q's buffer) |
 
 (Shared memory as Mosaic GPU's lowering reports it, with P in registers; "bound":
 `smem_bytes`' upper bound, for rows not yet read off a lowering.)
@@ -55,8 +57,18 @@ gpu_run.sh step `sweep-mosaic:HD:fwd`; B=2, T=S=8k, bf16; TFLOP/s non-causal / c
   1.06x, 1.06x, 1.00x and 1.01x the default at 1k, 2k, 8k and 16k (528.5, 597.1, 591.3,
   599.1 TFLOP/s); causal still 0.96x, 0.90x, 0.93x and 0.98x. So at head dim 128 it is
   the default when the call is not causal (`causal=False`; the API passes it), at
-  every length. At 256 non-causal the sweep had it at 604 against the early K wait's
-  609 TFLOP/s, so not there.
+  every length. At 256 non-causal the sweep (8k) had it at 604 against the early K
+  wait's 609 TFLOP/s (0.99x).
+- At 336cd0b, one process per row (`results/mosaic-336cd0b/`; B x T = 16k, bf16):
+  - Head dim 256 non-causal (`fa-mosaic-256-false-persistent.jsonl`): persistent ran
+    1.02x, 1.01x and 1.05x the default at 1k, 2k and 4k (547.1, 614.4, 643.7 TFLOP/s),
+    so it is the default there up to 4096 keys (PERSISTENT_MAX_KEYS_256); at 8k the
+    sweep's 0.99x keeps the non-persistent grid beyond.
+  - Head dim 64 causal (`fa-mosaic-64-true-blockkv.jsonl`): 128-key tiles (beside the
+    persistent default) ran 1.11x and 1.04x the 256-key default at 1k and 2k (267.9,
+    340.5 TFLOP/s): there 40 % of the 256-key tiles straddle the diagonal (the masked
+    work is 1.25x the needed, 1.12x with 128-key tiles) and a CTA walks few tiles. At
+    8k the sweep had 256-key tiles 1.07x ahead causal, so 128 only up to 2048 keys.
 Starting points came from JAX's own Mosaic FA3
 (`jax/experimental/pallas/ops/gpu/attention_mgpu.py`), whose benchmark keeps 64 query
 rows per warpgroup and two K/V stages and takes the first block_kv of 256, 128, 64 that
@@ -354,6 +366,9 @@ def padded_head_dim(head_dim: int) -> int:
 
 # Key lengths up to which the head-dim-64 default is persistent (measured at 1k and 2k).
 PERSISTENT_MAX_KEYS = 2048
+# Key lengths up to which the head-dim-192/256 default is persistent when not causal
+# (measured at 1k, 2k and 4k; 0.99x in the 8k sweep).
+PERSISTENT_MAX_KEYS_256 = 4096
 
 
 def default_mosaic_config(
@@ -368,9 +383,14 @@ def default_mosaic_config(
         # causal) against 438 / 422 for 128-key tiles (1.06x / 1.07x): at head dim 64 a
         # tile's matmuls are short, and a longer tile halves the steps' fixed costs.
         # Persistent at short lengths: 1.05-1.13x there (module docstring).
+        # 128-key tiles at short causal lengths: 1.11x / 1.04x at 1k / 2k (docstring).
         short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS
         return MosaicConfig(
-            block_q=64, block_kv=256, num_stages=2, early_k_wait=True, persistent=short
+            block_q=64,
+            block_kv=128 if short and causal is True else 256,
+            num_stages=2,
+            early_k_wait=True,
+            persistent=short,
         )
     if hp <= 128:
         # Persistent when not causal: 1.06x / 1.06x / 1.00x / 1.01x at 1k / 2k / 8k /
@@ -378,7 +398,11 @@ def default_mosaic_config(
         return MosaicConfig(
             block_q=64, block_kv=128, num_stages=2, early_k_wait=True, persistent=causal is False
         )
-    return MosaicConfig(block_q=64, block_kv=64, num_stages=2, early_k_wait=True)
+    # Persistent when not causal up to 4096 keys: 1.02-1.05x at 1k-4k (docstring).
+    short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS_256
+    return MosaicConfig(
+        block_q=64, block_kv=64, num_stages=2, early_k_wait=True, persistent=short and causal is False
+    )
 
 
 def fused_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
