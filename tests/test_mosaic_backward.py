@@ -327,19 +327,6 @@ def test_interpret_fused_matches_reference(case, config):
     _compare(case, config, interpret=True, seed=_seed(case))
 
 
-@pytest.mark.parametrize("index", [0, 3], ids=["gqa-causal-br", "rows"])
-def test_interpret_writer_warp_changes_no_bit(index):
-    """The writer as a warp of the producer's warpgroup (`writer_warp`: three warpgroups,
-    consumers at 240 registers) runs the same adds in the same order as the fourth
-    warpgroup: the same bits, over several visitors per query tile."""
-    case, config = FUSED_CASES[index]
-    want = _compare(case, config, interpret=True, seed=_seed(case))
-    got = _compare(
-        case, dataclasses.replace(config, writer_warp=True), interpret=True, seed=_seed(case)
-    )
-    chex.assert_trees_all_equal(want, got)
-
-
 def test_interpret_fused_finds_no_data_race(capsys):
     """The race detector (as test_interpret_finds_no_data_race) over the fused kernel's
     own buffers too: the one dS^T buffer both consumers read and the two share slots
@@ -439,13 +426,6 @@ def test_fused_config_validation():
     for kwargs in ({}, {"fused": True, "operands_in_registers": False}):
         with pytest.raises(ValueError, match="fa3_order needs fused=True"):
             MosaicBwdConfig(fa3_order=True, **kwargs)
-    with pytest.raises(ValueError, match="writer_warp needs fused=True"):
-        MosaicBwdConfig(writer_warp=True)
-    # Registers: 128 * 24 + 256 * 240 fits the 65,536 of an SM with three warpgroups.
-    warp = dataclasses.replace(FUSED, writer_warp=True)
-    assert (warp.dkdv_warpgroups, warp.consumer_registers) == (3, 240)
-    assert (FUSED.dkdv_warpgroups, FUSED.consumer_registers) == (4, 232)
-    assert 128 * 24 + 2 * 128 * warp.consumer_registers <= 65536
 
 
 LOWERINGS = {
@@ -539,12 +519,6 @@ FUSED_LOWERINGS = {
         dataclasses.replace(FUSED_ONE, operands_in_registers=False),
         True,
     ),
-    "h128-fa3-order-writer-warp": (
-        128,
-        dataclasses.replace(FUSED, fa3_order=True, writer_warp=True),
-        False,
-    ),
-    "h64-rows-writer-warp-segments": (64, dataclasses.replace(FUSED_ROWS, writer_warp=True), True),
 }
 
 
@@ -667,18 +641,6 @@ def test_gpu_fused_fa3_order_matches_reference(case):
         case, dataclasses.replace(config, fa3_order=True), interpret=False, seed=_seed(case)
     )
     chex.assert_trees_all_equal(fa3, _compare(case, config, False, seed=_seed(case)))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
-def test_gpu_fused_writer_warp_matches_reference(case):
-    """The writer as a warp of the producer's warpgroup (consumers at 240 registers), in
-    FA3's step order: the same adds in the same order, so the same bits as the fused
-    default."""
-    config = fused_mosaic_bwd_config(case.head_dim)
-    warp = dataclasses.replace(config, fa3_order=True, writer_warp=True)
-    got = _compare(case, warp, interpret=False, seed=_seed(case))
-    chex.assert_trees_all_equal(got, _compare(case, config, False, seed=_seed(case)))
 
 
 @pytest.mark.gpu

@@ -212,7 +212,11 @@ def _dkdv_kernel(
             return lax.fori_loop(start, stop, body, carry)
         return lax.fori_loop(0, stop - start, lambda j, c: body(stop - 1 - j, c), carry)
 
-    def produce():  # the producer's copies (its warpgroup's registers are set by the caller)
+    @pl.when(wg == consumers)
+    def _producer():
+        plgpu.set_max_registers(
+            FUSED_SIDE_REGISTERS if config.fused else PRODUCER_REGISTERS, action="decrease"
+        )
         for t in range(tiles):
             keys = (b, pl.ds(k0 + t * bk, bk), kv_head)
             plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[t], kv_ready)
@@ -259,15 +263,12 @@ def _dkdv_kernel(
         lax.fori_loop(jnp.maximum(0, steps - stages), steps, drain, None)
 
     part = config.dq_part(k_smem.shape[-1]) if config.fused else None  # a consumer's dQ slice
-    writer = None
     if config.fused:
         writer = functools.partial(
             dq_adds.writer,
             order_refs,
             dq_acc_ref[0],
             fused_scratch,
-            # The semaphores are fetched here, in warpgroup context: a warp cannot.
-            None if interpret else dq_adds.semaphores(semaphores),
             b=b,
             kv_head=kv_head,
             span=span,
@@ -275,36 +276,15 @@ def _dkdv_kernel(
             steps=(lo, hi),
             block_q=bq,
             part=part,
+            semaphores=semaphores,
+            interpret=interpret,
         )
-
-    @pl.when(wg == consumers)
-    def _producer():
-        plgpu.set_max_registers(
-            FUSED_SIDE_REGISTERS if config.fused else PRODUCER_REGISTERS, action="decrease"
-        )
-        if not config.writer_warp:
-            produce()
-            return
-
-        # FA3's layout: the producer is this warpgroup's first warp, the writer its
-        # second (setmaxnreg is per warpgroup: both keep 24 registers).
-        def per_warp(warp):
-            pl.when(warp == 0)(produce)
-            pl.when(warp == 1)(writer)
-
-        plgpu.warp_map(per_warp)
-
-    if config.fused and not config.writer_warp:
-
-        @pl.when(wg == consumers + 1)
-        def _writer():
-            plgpu.set_max_registers(FUSED_SIDE_REGISTERS, action="decrease")
-            writer()
+        pl.when(wg == consumers + 1)(writer)
 
     def consumer(w, does_dv: bool, does_dk: bool):
         """Warpgroup `w` (static or traced) accumulates dV and/or dK of its key tile
         (and, fused, its slice of each query tile's dQ share)."""
-        plgpu.set_max_registers(config.consumer_registers, action="increase")
+        plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
         t = 0 if config.split_dkv else w
         kw0 = k0 + t * bk  # the warpgroup's first key
         k_tile, v_tile = k_smem.at[t], v_smem.at[t]
@@ -750,9 +730,8 @@ def backward(
         ),
         grid=(K, num_spans, B),
         grid_names=("heads", "kv_tiles", "batch"),
-        # The fused kernel's writer adds the dQ shares (dq_adds.writer): a fourth
-        # warpgroup, or a warp of the producer's (writer_warp).
-        num_threads=config.dkdv_warpgroups,
+        # The fused kernel's fourth warpgroup adds the dQ shares (dq_adds.writer).
+        num_threads=c_dkv + 1 + fused,
         kernel_name="pallas_flash_mosaic_bwd_fused" if fused else "pallas_flash_mosaic_bwd_dkdv",
         **params,
     )(q_len, kv_len, ranges, *inputs, *order)

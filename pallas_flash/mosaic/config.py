@@ -138,10 +138,6 @@ CONSUMER_REGISTERS = 232
 # The fused backward adds a fourth warpgroup (dq_adds.writer): the producer and it
 # keep 24 each, 2 * 128 * 24 + 256 * 232 = 65536.
 FUSED_SIDE_REGISTERS = 24
-# With `MosaicBwdConfig.writer_warp` the writer is a warp of the producer's warpgroup
-# (FA3's layout): three warpgroups, 128 * 24 + 256 * 240 = 64512 <= 65536 (setmaxnreg
-# takes multiples of 8, so 240 is the most the consumers can have).
-WRITER_WARP_CONSUMER_REGISTERS = 240
 SWIZZLE = 128  # bytes: the widest shared-memory swizzle, for conflict-free wgmma reads
 # What Mosaic GPU adds: scratch for cross-warp reductions (CompilerParams'
 # reduction_scratch_bytes) and alignment (the estimate below is then within 1 KiB
@@ -261,11 +257,6 @@ class MosaicBwdConfig:
       handed over while dK's runs; otherwise every group of wgmmas is awaited before the
       next work starts (about half the pair's matmul throughput on the H200, README).
       Not yet measured, so off.
-    writer_warp: fused: the dQ writer runs as the second warp of the producer's
-      warpgroup (the producer is its first), FA3's layout, instead of as a fourth
-      warpgroup, so that the consumers get 240 registers instead of 232. ptxas finds the
-      fused kernel spilling at 232 (1.1-1.7 KB of spill stores at head dim 128,
-      README). Not yet compiled on the H200, so off.
     """
 
     block_q_dkv: int = 64
@@ -280,7 +271,6 @@ class MosaicBwdConfig:
     operands_in_registers: bool = True
     fused: bool = False
     fa3_order: bool = False
-    writer_warp: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
@@ -302,19 +292,6 @@ class MosaicBwdConfig:
                 "fa3_order needs fused=True and operands_in_registers=True (it orders the "
                 "fused kernel's register-operand wgmmas)"
             )
-        if self.writer_warp and not self.fused:
-            raise ValueError("writer_warp needs fused=True (only the fused kernel has a writer)")
-
-    @property
-    def consumer_registers(self) -> int:
-        """Registers per consumer thread (setmaxnreg) in the dK/dV kernel."""
-        return WRITER_WARP_CONSUMER_REGISTERS if self.writer_warp else CONSUMER_REGISTERS
-
-    @property
-    def dkdv_warpgroups(self) -> int:
-        """Warpgroups of a dK/dV CTA: the consumers, the producer and (fused, unless the
-        writer is a warp of the producer's) the dQ writer."""
-        return self.consumers_dkv + 1 + (self.fused and not self.writer_warp)
 
     def dq_part(self, head_dim: int) -> tuple[int, int]:
         """(rows, columns) of the fused dQ share one consumer computes: the head-dim

@@ -33,12 +33,9 @@ and after a barrier computes its slice of the share (head-dim columns, or rows,
 `MosaicBwdConfig.dq_part`) over all the CTA's key tiles, then hands it over through
 one of two float32 slots to a fourth warpgroup, the writer, which does the waiting and
 the adds: the consumers never stall on another CTA, only on a slot the writer has not
-emptied yet. With `MosaicBwdConfig.writer_warp` the writer is instead the second warp
-of the producer's warpgroup (FA3's layout: three warpgroups, so the consumers can have
-240 registers where four allow 232); the same code, in a warp. (One dS^T buffer,
-two share slots: at head dim 128 that is what fits in 227 KiB beside K, V and the
-two-stage Q/dO ring; the consumers run in step, so the buffer is free again long
-before it is needed.)
+emptied yet. (One dS^T buffer, two share slots: at head dim 128 that is what fits in
+227 KiB beside K, V and the two-stage Q/dO ring; the consumers run in step, so the
+buffer is free again long before it is needed.)
 
 GPU interpret mode has neither global semaphores nor TMA reductions, but runs the CTAs
 one after another in grid order, which visits the spans of a head in increasing order:
@@ -54,7 +51,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_flash.mosaic.config import SWIZZLE, MosaicBwdConfig
+from pallas_flash.mosaic.config import FUSED_SIDE_REGISTERS, SWIZZLE, MosaicBwdConfig
 
 SLOTS = 2  # dQ shares in flight per consumer (dS^T tiles: one)
 
@@ -194,16 +191,10 @@ def consumers_done(s, steps):
     lax.fori_loop(jnp.maximum(0, steps - SLOTS), steps, drain, None)
 
 
-def semaphores(shape: tuple[int, ...]):
-    """The ordered adds' global semaphores, one per (batch, query head, query tile)."""
-    return pl.get_global(plgpu.SemaphoreType.REGULAR(shape))
-
-
 def writer(
     order_refs,
     dq_ref,
     s,
-    sems,
     *,
     b,
     kv_head,
@@ -212,20 +203,21 @@ def writer(
     steps,
     block_q: int,
     part: tuple[int, int],
+    semaphores: tuple[int, ...],
+    interpret: bool,
 ):
-    """The writer (a fourth warpgroup, or a warp of the producer's): adds each step's
-    shares to dQ [B, T, N, H] (float32) in the order of the module doc. `steps` is the
-    CTA's query-tile range (lo, hi), walked from hi - 1 down for each head of the group,
-    as the consumers do. A slot is freed as soon as its TMA has read it; the turn is
-    handed over once the adds have landed. `sems`: `semaphores(...)`, or None in GPU
-    interpret mode (which has none: the CTAs run in order there)."""
-    interpret = sems is None
+    """The fourth warpgroup: adds each step's shares to dQ [B, T, N, H] (float32) in
+    the order of the module doc. `steps` is the CTA's query-tile range (lo, hi), walked
+    from hi - 1 down for each head of the group, as the consumers do. A slot is freed
+    as soon as its TMA has read it; the turn is handed over once the adds have landed."""
+    plgpu.set_max_registers(FUSED_SIDE_REGISTERS, action="decrease")
     index_ref, first_ref, last_ref = order_refs
     lo, hi = steps
     n = hi - lo
     rows, cols = part
     c = s["share"].shape[1]
     own = index_ref[b, span]
+    sems = None if interpret else pl.get_global(plgpu.SemaphoreType.REGULAR(semaphores))
 
     def windows(h, i):  # consumer w's slice of query tile i of head h in dQ
         out = []
@@ -273,14 +265,13 @@ def writer(
             plgpu.barrier_arrive(s["share_free"].at[slot])
             return
         sem = sems.at[b, h, i]
-        last = last_ref[b, i]
-        # (No `~`: a warp (writer_warp) has no lowering for boolean not.)
+        is_last = own == last_ref[b, i]
 
-        @pl.when((rank > 0) & (own != last))
+        @pl.when((rank > 0) & ~is_last)
         def _():
             pl.semaphore_wait(sem, rank, decrement=False)  # our turn
 
-        @pl.when((rank > 0) & (own == last))
+        @pl.when((rank > 0) & is_last)
         def _():
             pl.semaphore_wait(sem, rank)  # our turn, and the count back to 0
 
