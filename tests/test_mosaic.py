@@ -262,6 +262,19 @@ def test_interpret_finds_no_data_race(schedule):
     assert not gpu_callbacks.get_races().races_found
 
 
+@pytest.mark.parametrize(
+    "head_dim,causal", [(64, True), (256, False)], ids=["h64-causal", "h256-full"]
+)
+def test_interpret_default_for_the_call(head_dim, causal):
+    """The rows chosen by the call's length and causal flag, on a short GQA call with
+    ragged lengths: head dim 64 causal (128-key tiles, persistent) and 256 non-causal
+    (persistent, O through Q's buffer). P from shared memory (the interpreter's form)."""
+    case = Case(2, 130, 300, 4, 2, head_dim, BF16, causal=causal, kv_lens=(300, 170))
+    config = default_mosaic_config(head_dim, case.seq_kv, causal)
+    assert config.persistent and config.block_kv == {64: 128, 256: 64}[head_dim]
+    _compare(case, dataclasses.replace(config, p_in_registers=False), interpret=True)
+
+
 def test_triton_backward_takes_its_residuals():
     """O and the logsumexp of the Mosaic forward feed the Triton backward as they are."""
     case = Case(1, 70, 90, 2, 1, 64, BF16, causal=True, kv_lens=(80,))
