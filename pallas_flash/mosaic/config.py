@@ -377,8 +377,9 @@ def default_mosaic_config(
         )
     # Persistent when not causal up to 4096 keys: 1.02-1.05x at 1k-4k (docstring).
     short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS_256
+    persistent = short and causal is False
     return MosaicConfig(
-        block_q=64, block_kv=64, num_stages=2, early_k_wait=True, persistent=short and causal is False
+        block_q=64, block_kv=64, num_stages=2, early_k_wait=True, persistent=persistent
     )
 
 
