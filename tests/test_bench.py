@@ -432,7 +432,7 @@ def test_mosaic_config_variants_are_named_by_their_fields(monkeypatch):
     monkeypatch.setattr(impls.pallas_flash, "flash_attention", fake)
     q = jnp.zeros((1, 8, 2, 64), jnp.bfloat16)
     v.fn(q, q, q, causal=True)
-    default = mosaic_config.default_mosaic_config(64, 8)
+    default = mosaic_config.default_mosaic_config(64, 8, True)
     assert seen["config"] == dataclasses.replace(default, early_k_wait=False)
     assert seen["config"].persistent  # 8 keys: the short-length default
     assert (seen["backward_config"].block_q_dkv, seen["backward_config"].num_stages_dkv) == (64, 2)

@@ -78,14 +78,17 @@ def test_sweep_tiny_mosaic_runs_and_renders(tmp_path):
     assert all(r["ms"] > 0 for r in rows if not r["error"])
     assert all(r["error"].startswith("below timing noise") for r in rows if r["error"])
     # the default and its nearest candidate, as interpret mode runs them (P in shared memory);
-    # the default is the API's at the tiny shape (persistent: 128 keys, either mask)
-    default_fwd = sweep.interpretable(configs.default_mosaic_config(64, 128))
-    assert default_fwd.persistent
-    fwd = [r for r in rows if r["pass"] == "fwd"]
-    assert all(r["config"] == dataclasses.asdict(default_fwd) for r in fwd if r["default"])
-    (other,) = {tuple(r["config"].items()) for r in fwd if not r["default"]}
-    changed = [k for k, v in other if v != getattr(default_fwd, k)]
-    assert len(changed) == 1 and not dict(other)["p_in_registers"], changed
+    # the default is the API's at the tiny shape and mask (persistent: 128 keys, either
+    # mask; causal, 128-key tiles)
+    for causal in (False, True):
+        default_fwd = sweep.interpretable(configs.default_mosaic_config(64, 128, causal))
+        assert default_fwd.persistent and default_fwd.block_kv == (128 if causal else 256)
+        fwd = [r for r in rows if r["pass"] == "fwd" and r["causal"] == causal]
+        (default,) = [r["config"] for r in fwd if r["default"]]
+        assert default == dataclasses.asdict(default_fwd)
+        (other,) = [r["config"] for r in fwd if not r["default"]]
+        changed = [k for k, v in other.items() if v != getattr(default_fwd, k)]
+        assert len(changed) == 1 and not other["p_in_registers"], changed
     default_bwd = dataclasses.replace(
         configs.default_mosaic_bwd_config(64), operands_in_registers=False
     )

@@ -12,7 +12,7 @@ Default-config table (16-bit inputs; head dim padded up to a multiple of 64):
 | 128, causal       | 64 x 128, early K wait        | 2      | 167,000               |
 | 128, not causal   | the same, persistent          | 2      | 200,280 (bound)       |
 | 192, 256          | 64 x 64, early K wait         | 2      | 150,616, 199,768      |
-| 192, 256, keys <= 4096, not causal | the same, persistent | 2 | 199,768 (O through Q's buffer) |
+| 192, 256, keys <= 8192, not causal | the same, persistent | 2 | 199,768 (O through Q's buffer) |
 
 (Shared memory as Mosaic GPU's lowering reports it, with P in registers; "bound":
 `smem_bytes`' upper bound, for rows not yet read off a lowering.)
@@ -62,13 +62,18 @@ gpu_run.sh step `sweep-mosaic:HD:fwd`; B=2, T=S=8k, bf16; TFLOP/s non-causal / c
 - At 336cd0b, one process per row (`results/mosaic-336cd0b/`; B x T = 16k, bf16):
   - Head dim 256 non-causal (`fa-mosaic-256-false-persistent.jsonl`): persistent ran
     1.02x, 1.01x and 1.05x the default at 1k, 2k and 4k (547.1, 614.4, 643.7 TFLOP/s),
-    so it is the default there up to 4096 keys (PERSISTENT_MAX_KEYS_256); at 8k the
-    sweep's 0.99x keeps the non-persistent grid beyond.
+    and at 81df3c6 1.03x at 8k (624.6 against 606.5;
+    `results/mosaic-81df3c6/fa-mosaic-256-false-persistent-8k.jsonl`; the d2f5aa4
+    sweep's 0.99x predates the snake order and O through Q's buffer), so it is the
+    default there up to 8192 keys (PERSISTENT_MAX_KEYS_256); 16k is not timed.
   - Head dim 64 causal (`fa-mosaic-64-true-blockkv.jsonl`): 128-key tiles (beside the
     persistent default) ran 1.11x and 1.04x the 256-key default at 1k and 2k (267.9,
     340.5 TFLOP/s): there 40 % of the 256-key tiles straddle the diagonal (the masked
     work is 1.25x the needed, 1.12x with 128-key tiles) and a CTA walks few tiles. At
-    8k the sweep had 256-key tiles 1.07x ahead causal, so 128 only up to 2048 keys.
+    8k the sweep had 256-key tiles 1.07x ahead causal, and at 81df3c6 128-key tiles ran
+    0.98x the default at 4k (390.7 against 400.0;
+    `results/mosaic-81df3c6/fa-mosaic-64-true-blockkv-4k.jsonl`), so 128 only up to
+    2048 keys.
 Starting points came from JAX's own Mosaic FA3
 (`jax/experimental/pallas/ops/gpu/attention_mgpu.py`), whose benchmark keeps 64 query
 rows per warpgroup and two K/V stages and takes the first block_kv of 256, 128, 64 that
@@ -344,8 +349,8 @@ def padded_head_dim(head_dim: int) -> int:
 # Key lengths up to which the head-dim-64 default is persistent (measured at 1k and 2k).
 PERSISTENT_MAX_KEYS = 2048
 # Key lengths up to which the head-dim-192/256 default is persistent when not causal
-# (measured at 1k, 2k and 4k; 0.99x in the 8k sweep).
-PERSISTENT_MAX_KEYS_256 = 4096
+# (measured at 1k, 2k, 4k and 8k).
+PERSISTENT_MAX_KEYS_256 = 8192
 
 
 def default_mosaic_config(
@@ -375,7 +380,7 @@ def default_mosaic_config(
         return MosaicConfig(
             block_q=64, block_kv=128, num_stages=2, early_k_wait=True, persistent=causal is False
         )
-    # Persistent when not causal up to 4096 keys: 1.02-1.05x at 1k-4k (docstring).
+    # Persistent when not causal up to 8192 keys: 1.01-1.05x at 1k-8k (docstring).
     short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS_256
     persistent = short and causal is False
     return MosaicConfig(
