@@ -445,15 +445,16 @@ _MOSAIC_FLAGS = (
     ("intra_overlap", "overlap"),
     ("persistent", "persistent"),
     ("one_way_turns", "one-way"),
+    ("row_bound_mask", "row-mask"),
 )
 
 
 def config_label(c: dict) -> str:
     """A config in a cell. Triton: "128x64 w8 s3", or "dkv 64x64 dq 64x64 w4 s2".
     Mosaic: "64x128 s2" (block_q per warpgroup x block_kv, stages; "no-pingpong",
-    "p-smem", "rescale-early", "k-wait-early", "overlap", "persistent", "one-way" where
-    set), or "dkv 2x64 q64 s2 dq 2x64 kv64 s2" (warpgroups x their tile, the streamed
-    tile, stages; "split" where dV and dK split the warpgroups)."""
+    "p-smem", "rescale-early", "k-wait-early", "overlap", "persistent", "one-way",
+    "row-mask" where set), or "dkv 2x64 q64 s2 dq 2x64 kv64 s2" (warpgroups x their
+    tile, the streamed tile, stages; "split" where dV and dK split the warpgroups)."""
     if "schedule_barrier" in c:
         flags = ("" if c["schedule_barrier"] else " no-pingpong") + (
             "" if c.get("p_in_registers", True) else " p-smem"

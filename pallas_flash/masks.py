@@ -192,6 +192,19 @@ def tile_mask(spec: MaskSpec, rows, cols, kv_len, diag, segments=None):
     return keep
 
 
+def row_bounds(spec: MaskSpec, rows, kv_len, diag):
+    """The keys each row sees without segment ids, as absolute positions [lo, hi): lo is
+    None when only the end bounds a row. `tile_mask` without segments equals
+    `(lo <= cols) & (cols < hi)` (tests/test_masks.py), but it is two compares per
+    element pair where `tile_mask` has up to three and their ands: the Mosaic forward's
+    `row_bound_mask` computes the bounds once per row and compares tile columns to them."""
+    hi = kv_len
+    if spec.right is not None:
+        hi = jnp.minimum(hi, rows + diag + spec.right + 1)
+    lo = None if spec.left is None else rows + diag - spec.left
+    return lo, hi
+
+
 def _cdiv(a, b: int):
     return lax.div(a + (b - 1), b)
 

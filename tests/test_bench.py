@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 from benchmarks import anchors, bench, render
+from pallas_flash import masks
 from pallas_flash.mosaic import config as mosaic_config
 
 KEYS = {
@@ -498,3 +499,22 @@ def test_ptxas_sass_from_dumped_ptx(tmp_path, monkeypatch):
     monkeypatch.setattr(ptxas.sys, "path", [str(tmp_path)])
     assert ptxas.sass_of_ptx(modules) == ("", "not found: ptxas, nvdisasm")
     assert ptxas.sass_of_ptx([]) == ("", "no PTX in the output")
+
+
+def test_lowered_ops_counts_the_mask_formulations(capsys):
+    """The forward lowered for sm_90 on CPU: with per-row bounds, a masked tile has one
+    compare per element pair and no and (causal, no window), where tile_mask has two and
+    an and; the CLI prints the counts that differ and checks --set's names."""
+    from benchmarks import lowered_ops
+
+    spec = masks.MaskSpec(causal=True)
+    config = mosaic_config.default_mosaic_config(64, 256, True)
+    base = lowered_ops.forward_ops(config, spec, 64, 256)
+    rows = lowered_ops.forward_ops(dataclasses.replace(config, row_bound_mask=True), spec, 64, 256)
+    assert rows["stable_mosaic_gpu.arith.cmpi"] < base["stable_mosaic_gpu.arith.cmpi"]
+    assert rows["stable_mosaic_gpu.arith.andi"] < base["stable_mosaic_gpu.arith.andi"]
+    assert lowered_ops.main(["--seq", "256", "--set", "row_bound_mask=true"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("total: ") and "arith.cmpi" in out
+    with pytest.raises(ValueError, match="not FIELD=VALUE"):
+        lowered_ops.parse_fields(["row_mask=true"])

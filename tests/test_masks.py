@@ -222,3 +222,32 @@ def test_triton_kernels_with_a_mask_lower_for_hopper(head_dim, dtype, mask_shape
         traced = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, kv, kv, lens, mask)
         text = traced.lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("__gpu$xla.gpu.triton") == 3  # forward, dK/dV, dQ
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        masks.MaskSpec(),
+        masks.MaskSpec(causal=True),
+        masks.MaskSpec(causal=True, bottom_right=True),
+        masks.MaskSpec(local_window=(5, 3)),
+        masks.MaskSpec(local_window=(0, 0), bottom_right=True),
+        masks.MaskSpec(causal=True, local_window=(7, 0)),
+    ],
+    ids=["full", "causal", "causal-br", "window", "diagonal-br", "causal-window"],
+)
+def test_row_bounds_give_tile_mask(spec):
+    """masks.row_bounds (the Mosaic forward's row_bound_mask) and masks.tile_mask keep
+    the same element pairs: every row of a 37 x 45 problem against every key, with key
+    lengths from 0 to past the end and both alignments' offsets."""
+    rows = jnp.arange(37)[:, None]
+    cols = jnp.arange(45)[None, :]
+    for q_len, kv_len in [(37, 45), (37, 20), (10, 0), (37, 60)]:
+        q_len, kv_len = jnp.int32(q_len), jnp.int32(kv_len)
+        diag = masks.offset(spec, q_len, kv_len) if spec.uses_offset else 0
+        want = masks.tile_mask(spec, rows, cols, kv_len, diag)
+        lo, hi = masks.row_bounds(spec, rows, kv_len, diag)
+        got = cols < hi
+        if lo is not None:
+            got = got & (cols >= lo)
+        np.testing.assert_array_equal(got, jnp.broadcast_to(want, got.shape))

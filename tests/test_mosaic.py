@@ -375,6 +375,17 @@ def test_interpret_persistent_equals_one_cta_per_item(case):
     chex.assert_trees_all_equal(one, _mosaic(case, config, True, seed=1))
 
 
+@pytest.mark.parametrize("case", [INTERPRET_CASES[i] for i in (1, 2, 4, 5, 10)], ids=lambda c: c.id)
+def test_interpret_row_bound_mask_changes_no_bit(case):
+    """`row_bound_mask` builds the same element mask from per-row bounds (bottom-right
+    causal with a key length, rows that see no key, ragged lengths, a window, segment
+    ids under causal masking), so the outputs are equal bit for bit."""
+    config = dataclasses.replace(SMALL, row_bound_mask=True)
+    chex.assert_trees_all_equal(
+        _mosaic(case, SMALL, interpret=True, seed=2), _mosaic(case, config, True, seed=2)
+    )
+
+
 @pytest.mark.parametrize("snake", [False, True])
 def test_persistent_items_cover_every_item_once(snake):
     """Whatever the rounds (whole or partial, even or odd last), the CTAs' items are each
@@ -461,17 +472,21 @@ def test_compiled_kernel_lowers_for_hopper(
     assert "mosaic_gpu" in lowered.as_text()
 
 
-@pytest.mark.parametrize("schedule", ["", "overlap", "persistent"])
+@pytest.mark.parametrize("schedule", ["", "overlap", "persistent", "row-mask-window"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_compiled_kernel_with_segment_ids_lowers_for_hopper(head_dim, schedule):
     """Segment ids on the compiled path (P in registers): their TMA copies, barriers and
-    row/column layouts lower for sm_90."""
+    row/column layouts lower for sm_90; with row_bound_mask, its per-row bounds (both
+    ends: a window) broadcast over the tile as well."""
     spec = masks.MaskSpec(causal=True, segments=True)
     config = default_mosaic_config(head_dim)
     if schedule == "overlap":
         config = _overlapped(config)
     elif schedule == "persistent":
         config = dataclasses.replace(config, persistent=True)
+    elif schedule == "row-mask-window":
+        spec = masks.MaskSpec(bottom_right=True, local_window=(100, 20), segments=True)
+        config = dataclasses.replace(config, row_bound_mask=True)
 
     def f(q, k, v, q_len, kv_len, q_seg, kv_seg):
         return mosaic_forward.forward(
@@ -607,6 +622,19 @@ def test_gpu_default_for_the_call_matches_reference(case):
     tests above take the head dim's row alone."""
     config = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
     _compare(case, config, interpret=False, seed=seed_of(case))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_row_bound_mask_changes_no_bit(case):
+    """row_bound_mask compiled (P in registers): the same element masks, so the same bits
+    as the head dim's default row (itself checked against the reference above)."""
+    config = default_mosaic_config(case.head_dim)
+    rows = dataclasses.replace(config, row_bound_mask=True)
+    seed = seed_of(case)
+    chex.assert_trees_all_equal(
+        _mosaic(case, config, False, seed), _mosaic(case, rows, False, seed)
+    )
 
 
 @pytest.mark.gpu

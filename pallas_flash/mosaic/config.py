@@ -185,6 +185,17 @@ class MosaicConfig:
       work (FA3's persistent kernel). Causal items run longest first. Not with
       intra_overlap. Where O's buffer does not fit (head dim 256 with 64-key tiles), O
       leaves through Q's buffer and the next Q loads once it has been read out.
+    row_bound_mask: a boundary tile's element mask from per-row key bounds
+      (`masks.row_bounds`: the end of the row's window, clamped to kv_len, computed
+      once per row) against the tile's column iota, one or two compares per element,
+      instead of `masks.tile_mask`'s absolute column index and up to three compares and
+      their ands. A masked step's SASS at head dim 128 causal has 746 instructions per
+      warp against 478 unmasked (`results/mosaic-81df3c6/ptxas.jsonl`), and at head
+      dim 64 causal 1k 40 % of the 256-key tiles are masked. Lowered for sm_90 (on
+      CPU: `python -m benchmarks.lowered_ops --set row_bound_mask=true`), the head-dim-
+      64 causal 1k kernel has 11,972 operations against 13,592 (64 compares and 64 ands
+      fewer, and much index arithmetic); what LLVM and ptxas leave of that is for the
+      SASS to say. Off until timed.
     """
 
     block_q: int = 64
@@ -196,6 +207,7 @@ class MosaicConfig:
     early_k_wait: bool = False
     intra_overlap: bool = False
     persistent: bool = False
+    row_bound_mask: bool = False
 
     def __post_init__(self):
         if self.block_q % 64 or self.block_q < 64:

@@ -433,11 +433,34 @@ def _kernel(
                 plgpu.barrier_arrive(k_free.at[slot])
                 if not masked:
                     return None
+                if config.row_bound_mask:
+                    return row_bound_mask(j, shape, segs)
                 rows = q0 + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
                 cols = j * block_kv + plgpu.broadcasted_iota(
                     jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA
                 )  # [block_q, block_kv] each
                 return masks.tile_mask(spec, rows, cols, kv_len, diag, segs)
+
+            def row_bound_mask(j, shape, segs):
+                """Tile j's element mask (config.row_bound_mask): each row's key bounds,
+                relative to the tile's first key, against the column iota."""
+                rows = q0 + plgpu.broadcasted_iota(jnp.int32, (shape[0],), 0, layout=_ROW)
+                lo, hi = masks.row_bounds(spec, rows, kv_len, diag)
+                cols = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+                first = j * block_kv
+
+                def per_row(bound):  # [block_q] (or a scalar) -> [block_q, block_kv]
+                    bound = bound - first
+                    if jnp.ndim(bound) == 0:
+                        return bound
+                    return lax.broadcast_in_dim(bound, shape, [0])
+
+                keep = cols < per_row(hi)
+                if lo is not None:
+                    keep = keep & (cols >= per_row(lo))
+                if segs is not None:
+                    keep = keep & (segs[0] == segs[1])
+                return keep
 
             def qk_scores(slot):  # Q K^T of the K tile in `slot` [block_q, block_kv], awaited
                 def qk(s_ref):
