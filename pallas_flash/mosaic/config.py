@@ -190,8 +190,13 @@ class MosaicConfig:
       once per row) against the tile's column iota, one or two compares per element,
       instead of `masks.tile_mask`'s absolute column index and up to three compares and
       their ands. A masked step's SASS at head dim 128 causal has 746 instructions per
-      warp against 478 unmasked (`results/mosaic-81df3c6/ptxas.jsonl`), and at head
-      dim 64 causal 1k 40 % of the 256-key tiles are masked. Lowered for sm_90 (on
+      warp against 478 unmasked (`results/mosaic-81df3c6/sass/`, read by hand): 130
+      FSEL, 106 ISETP and 34 LOP3 more for its 64 scores per thread. LLVM already
+      turns the causal compare into a per-row bound, but the key-length compare stays a
+      second compare and select per score; folded into the row bound, one ISETP and
+      one FSEL per score remain: about 100 instructions fewer per masked step (746 ->
+      about 640), a few percent of a forward whose masked steps are a fifth of all (head
+      dim 64 causal 1k with 128-key tiles), less at longer lengths. Lowered for sm_90 (on
       CPU: `python -m benchmarks.lowered_ops --set row_bound_mask=true`), the head-dim-
       64 causal 1k kernel has 11,972 operations against 13,592 (64 compares and 64 ands
       fewer, and much index arithmetic); what LLVM and ptxas leave of that is for the
