@@ -195,9 +195,10 @@ def tile_mask(spec: MaskSpec, rows, cols, kv_len, diag, segments=None):
 def row_bounds(spec: MaskSpec, rows, kv_len, diag):
     """The keys each row sees without segment ids, as absolute positions [lo, hi): lo is
     None when only the end bounds a row. `tile_mask` without segments equals
-    `(lo <= cols) & (cols < hi)` (tests/test_masks.py), but it is two compares per
-    element pair where `tile_mask` has up to three and their ands: the Mosaic forward's
-    `row_bound_mask` computes the bounds once per row and compares tile columns to them."""
+    `(lo <= cols) & (cols < hi)` (tests/test_masks.py), but that is one compare per
+    element pair (two with a window's start) where `tile_mask` has up to three and their
+    ands: the Mosaic forward's `row_bound_mask` computes the bounds once per row and
+    compares tile columns to them."""
     hi = kv_len
     if spec.right is not None:
         hi = jnp.minimum(hi, rows + diag + spec.right + 1)
