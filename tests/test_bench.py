@@ -222,6 +222,15 @@ def test_ptxas_report_parses_per_kernel():
     (loop,) = ptxas.sass_loops("\n".join(lines))["k"]
     assert (loop["start"], loop["end"], loop["instructions"]) == (0x10, 0x150, 17)
     assert loop["mix"] == dict(wgmma=1, mufu=1, float=6, int=4, shared=1, local=1, sync=1, other=2)
+    assert loop["innermost"]
+    # An outer loop around it (a work-item loop): both listed, only the step innermost.
+    outer = [lines[0], ".L_x_0:", *lines[1:-1]]
+    outer += ["        /*0170*/                @P2 BRA `(.L_x_0) ;", "        /*0180*/ EXIT ;"]
+    loops = ptxas.sass_loops("\n".join(outer))["k"]
+    assert [(lp["start"], lp["end"], lp["innermost"]) for lp in loops] == [
+        (0x0, 0x170, False),
+        (0x10, 0x150, True),
+    ]
     assert ptxas.shape(64, True).heads == 32
 
 
