@@ -132,25 +132,30 @@ IMPLS: dict[str, Impl] = {
 VARIANT_BASE = "pallas_flash:mosaic"
 
 
-def _mosaic_variant(name: str) -> Impl:
-    fields = {
-        "fwd": {f.name for f in dataclasses.fields(mosaic_config.MosaicConfig)},
-        "bwd": {f.name for f in dataclasses.fields(mosaic_config.MosaicBwdConfig)},
-    }
-    overrides: dict[str, dict] = {"fwd": {}, "bwd": {}}
-    for item in name[len(VARIANT_BASE) + 1 :].split("/"):
+def config_overrides(items, classes: dict[str, type], context: str) -> dict[str, dict]:
+    """FIELD=VALUE items (VALUE true, false or an int) as replacements for the config
+    classes' fields, by the key each class has in `classes` (their field names must not
+    overlap); `context` starts the error a bad item raises."""
+    fields = {which: {f.name for f in dataclasses.fields(cls)} for which, cls in classes.items()}
+    overrides: dict[str, dict] = {which: {} for which in classes}
+    for item in items:
         key, sep, value = item.partition("=")
         which = [w for w in fields if key in fields[w]]
         if not sep or not which:
-            raise ValueError(
-                f"implementation {name!r}: {item!r} is not FIELD=VALUE with a field of "
-                f"MosaicConfig {sorted(fields['fwd'])} or MosaicBwdConfig {sorted(fields['bwd'])}"
-            )
+            known = " or ".join(f"{cls.__name__} {sorted(fields[w])}" for w, cls in classes.items())
+            raise ValueError(f"{context}: {item!r} is not FIELD=VALUE with a field of {known}")
         if value not in ("true", "false") and not value.isdigit():
-            raise ValueError(
-                f"implementation {name!r}: {key}={value!r} is not true, false or an int"
-            )
+            raise ValueError(f"{context}: {key}={value!r} is not true, false or an int")
         overrides[which[0]][key] = int(value) if value.isdigit() else value == "true"
+    return overrides
+
+
+def _mosaic_variant(name: str) -> Impl:
+    overrides = config_overrides(
+        name[len(VARIANT_BASE) + 1 :].split("/"),
+        {"fwd": mosaic_config.MosaicConfig, "bwd": mosaic_config.MosaicBwdConfig},
+        f"implementation {name!r}",
+    )
 
     def fn(q, k, v, *, causal, **extra):
         h = q.shape[-1]

@@ -25,6 +25,7 @@ from jax._src.interpreters import mlir as jax_mlir  # no public context with JAX
 from jax._src.lib.mlir import ir
 from jax.experimental.mosaic.gpu import dialect as mosaic_gpu_dialect
 
+from benchmarks.impls import config_overrides
 from pallas_flash import masks
 from pallas_flash.mosaic import forward as mosaic_forward
 from pallas_flash.mosaic.config import MosaicConfig, default_mosaic_config
@@ -85,17 +86,9 @@ def forward_ops(config: MosaicConfig, spec: masks.MaskSpec, head_dim: int, seq: 
 
 
 def parse_fields(items: list[str]) -> dict:
-    """FIELD=VALUE pairs (true / false / an int) of MosaicConfig, checked by name."""
-    names = {f.name for f in dataclasses.fields(MosaicConfig)}
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or key not in names:
-            raise ValueError(f"--set {item!r}: not FIELD=VALUE with a field of {sorted(names)}")
-        if value not in ("true", "false") and not value.isdigit():
-            raise ValueError(f"--set {item!r}: {value!r} is not true, false or an int")
-        out[key] = int(value) if value.isdigit() else value == "true"
-    return out
+    """FIELD=VALUE pairs (true / false / an int) of MosaicConfig, as the bench's config
+    variants take them (impls.config_overrides)."""
+    return config_overrides(items, {"fwd": MosaicConfig}, "--set")["fwd"]
 
 
 def main(argv=None) -> int:
