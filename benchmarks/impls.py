@@ -134,8 +134,8 @@ VARIANT_BASE = "pallas_flash:mosaic"
 
 def config_overrides(items, classes: dict[str, type], context: str) -> dict[str, dict]:
     """FIELD=VALUE items (VALUE true, false or an int) as replacements for the config
-    classes' fields, by the key each class has in `classes` (their field names must not
-    overlap); `context` starts the error a bad item raises."""
+    classes' fields, by the key each class has in `classes`: a field several classes
+    have (`row_bound_mask`) is set in each; `context` starts the error a bad item raises."""
     fields = {which: {f.name for f in dataclasses.fields(cls)} for which, cls in classes.items()}
     overrides: dict[str, dict] = {which: {} for which in classes}
     for item in items:
@@ -146,7 +146,8 @@ def config_overrides(items, classes: dict[str, type], context: str) -> dict[str,
             raise ValueError(f"{context}: {item!r} is not FIELD=VALUE with a field of {known}")
         if value not in ("true", "false") and not value.isdigit():
             raise ValueError(f"{context}: {key}={value!r} is not true, false or an int")
-        overrides[which[0]][key] = int(value) if value.isdigit() else value == "true"
+        for w in which:
+            overrides[w][key] = int(value) if value.isdigit() else value == "true"
     return overrides
 
 

@@ -192,6 +192,12 @@ def tile_mask(spec: MaskSpec, rows, cols, kv_len, diag, segments=None):
     return keep
 
 
+def has_row_bounds(spec: MaskSpec) -> bool:
+    """Whether a row's visible keys depend on the row (causal or a window), beyond the
+    key length every row shares: where `row_bounds` adds nothing to `tile_mask`."""
+    return spec.right is not None or spec.left is not None
+
+
 def row_bounds(spec: MaskSpec, rows, kv_len, diag):
     """The keys each row sees without segment ids, as absolute positions [lo, hi): lo is
     None when only the end bounds a row. `tile_mask` without segments equals

@@ -463,6 +463,9 @@ def test_mosaic_config_variants_are_named_by_their_fields(monkeypatch):
     for causal in (False, True):
         impls.lookup("pallas_flash:mosaic/num_stages=2").fn(q, q, q, causal=causal)
         assert seen["config"].persistent is not causal
+    seen.clear()  # a field both configs have is set in both
+    impls.lookup("pallas_flash:mosaic/row_bound_mask=false").fn(q, q, q, causal=True)
+    assert not seen["config"].row_bound_mask and not seen["backward_config"].row_bound_mask
     with pytest.raises(SystemExit):  # the CLI names the bad field before running anything
         bench.main(["--suite", "quick", "--impls", "pallas_flash:mosaic/num_stages=x"])
 

@@ -380,9 +380,9 @@ def test_interpret_row_bound_mask_changes_no_bit(case):
     """`row_bound_mask` builds the same element mask from per-row bounds (bottom-right
     causal with a key length, rows that see no key, ragged lengths, a window, segment
     ids under causal masking), so the outputs are equal bit for bit."""
-    config = dataclasses.replace(SMALL, row_bound_mask=True)
+    on, off = (dataclasses.replace(SMALL, row_bound_mask=b) for b in (True, False))
     chex.assert_trees_all_equal(
-        _mosaic(case, SMALL, interpret=True, seed=2), _mosaic(case, config, True, seed=2)
+        _mosaic(case, off, interpret=True, seed=2), _mosaic(case, on, True, seed=2)
     )
 
 
@@ -628,8 +628,9 @@ def test_gpu_default_for_the_call_matches_reference(case):
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
 def test_gpu_row_bound_mask_changes_no_bit(case):
     """row_bound_mask compiled (P in registers): the same element masks, so the same bits
-    as the head dim's default row (itself checked against the reference above)."""
-    config = default_mosaic_config(case.head_dim)
+    as the head dim's row with `masks.tile_mask` (the default row, with row bounds, is
+    checked against the reference above)."""
+    config = dataclasses.replace(default_mosaic_config(case.head_dim), row_bound_mask=False)
     rows = dataclasses.replace(config, row_bound_mask=True)
     seed = seed_of(case)
     chex.assert_trees_all_equal(

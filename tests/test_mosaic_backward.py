@@ -186,6 +186,23 @@ def test_interpret_configs(config):
     _compare(case, config, interpret=True, seed=1)
 
 
+# Row bounds where the masks have them: bottom-right causal with a key length, ragged
+# lengths with rows that see no key, a window, segment ids under causal masking.
+ROW_BOUND_CASES = [INTERPRET_CASES[i] for i in (1, 2, 3, 7)]
+
+
+@pytest.mark.parametrize("case", ROW_BOUND_CASES, ids=lambda c: c.id)
+def test_interpret_row_bound_mask_changes_no_bit(case):
+    """`row_bound_mask` (each query's key bounds against the key iota, in both kernels)
+    keeps the same elements as `masks.tile_mask`, so the gradients are the same bits."""
+    config = default_mosaic_bwd_config(case.head_dim)
+    on, off = (dataclasses.replace(config, row_bound_mask=b) for b in (True, False))
+    seed = _seed(case)
+    chex.assert_trees_all_equal(
+        _compare(case, on, interpret=True, seed=seed), _compare(case, off, True, seed=seed)
+    )
+
+
 def test_interpret_fully_masked_rows_have_zero_gradients():
     # Batch 0: bottom-right causal with q_len 30 > kv_len 24, so the diagonal starts at
     # column -6 and rows 0..5 see no key; rows 30..39 are padding. Batch 1: no key at
@@ -504,6 +521,40 @@ def test_compiled_kernels_with_segment_ids_lower_for_hopper(head_dim):
         assert name in text
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["pair", "fused"])
+@pytest.mark.parametrize("spec", [LOWERINGS["h64-bf16-window"][2], "causal-segments"])
+def test_row_bound_mask_lowers_for_hopper(spec, fused):
+    """row_bound_mask's per-query bounds lower for sm_90 in each kernel: along the
+    columns of S^T in the dK/dV (and fused) kernel, the rows of S in the dQ kernel; with
+    a window's two ends, or causal with segment ids."""
+    segments = spec == "causal-segments"
+    if segments:
+        spec = masks.MaskSpec(causal=True, segments=True)
+    config = FUSED_ROWS if fused else default_mosaic_bwd_config(64)
+    config = dataclasses.replace(config, row_bound_mask=True)
+
+    def f(q, k, v, o, lse, do, q_len, kv_len, *ids):
+        return mosaic_backward.backward(
+            q, k, v, o, lse, do, None, q_len, kv_len, ids or None, spec=spec, scale=0.1,
+            config=config,
+        )[:3]  # fmt: skip
+
+    q = jax.ShapeDtypeStruct((2, 300, 4, 64), BF16)
+    kv = jax.ShapeDtypeStruct((2, 257, 2, 64), BF16)
+    lse = jax.ShapeDtypeStruct((2, 4, 300), jnp.float32)
+    lens = jax.ShapeDtypeStruct((2,), jnp.int32)
+    ids = [jax.ShapeDtypeStruct((2, n), jnp.int32) for n in (300, 257)] if segments else []
+    traced = jax.jit(f).trace(q, kv, kv, q, lse, q, lens, lens, *ids)
+    text = traced.lower(lowering_platforms=("cuda",)).as_text()
+    names = (
+        ["pallas_flash_mosaic_bwd_fused"]
+        if fused
+        else ["pallas_flash_mosaic_bwd_dkdv", "pallas_flash_mosaic_bwd_dq"]
+    )
+    for name in names:
+        assert name in text
+
+
 FUSED_LOWERINGS = {
     "h128-regs": (128, FUSED, False),
     "h128-regs-segments": (128, FUSED, True),
@@ -617,6 +668,19 @@ def test_gpu_never_reads_skipped_tiles():
     poisoned = _backward(case, None, False, q_bad, k, v, o, lse, do_bad, None)
     chex.assert_trees_all_equal(clean, poisoned)
     assert (np.asarray(clean[0][:, :768]) == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_row_bound_mask_changes_no_bit(case):
+    """row_bound_mask compiled, both kernels: the same bits as the head dim's row with
+    `masks.tile_mask` (and both within the reference's tolerance)."""
+    config = default_mosaic_bwd_config(case.head_dim)
+    on, off = (dataclasses.replace(config, row_bound_mask=b) for b in (True, False))
+    seed = _seed(case)
+    chex.assert_trees_all_equal(
+        _compare(case, on, interpret=False, seed=seed), _compare(case, off, False, seed=seed)
+    )
 
 
 # The fused kernel, compiled: the shared case table at head dims up to 128 (above, the

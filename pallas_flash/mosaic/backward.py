@@ -95,6 +95,7 @@ from pallas_flash.mosaic.forward import (
     _COL,
     _ROW,
     _pad,
+    bound_mask,
     intersect_tables,
     stream_kv_tiles,
     unsupported,
@@ -301,17 +302,21 @@ def _dkdv_kernel(
             p_t = jnp.exp2(s_t * c - _bcast(lse2, shape, 1))  # [bk, bq]
             if not masked:  # the structural masks cut this tile (full tiles skip this work)
                 return p_t
-            rows = i * bq + plgpu.broadcasted_iota(
-                jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA
-            )  # [bk, bq]: query positions
-            cols = kw0 + plgpu.broadcasted_iota(
-                jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA
-            )  # [bk, bq]: key positions
+            keys = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
             segs = None
             if q_seg_ref is not None:  # (query ids, key ids), both [bk, bq]
                 q_segs = plgpu.load(q_seg_smem.at[slot], layout=_COL)  # [bq]
                 segs = (_bcast(q_segs, shape, 1), _bcast(k_segs, shape, 0))
-            keep = masks.tile_mask(spec, rows, cols, kv_len, diag, segs)
+            if config.row_bound_mask and masks.has_row_bounds(spec):
+                queries = i * bq + plgpu.broadcasted_iota(jnp.int32, (bq,), 0, layout=_COL)
+                keep = bound_mask(spec, queries, keys, kw0, kv_len, diag, 1)
+                if segs is not None:
+                    keep = keep & (segs[0] == segs[1])
+            else:
+                rows = i * bq + plgpu.broadcasted_iota(
+                    jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA
+                )  # [bk, bq]: query positions
+                keep = masks.tile_mask(spec, rows, kw0 + keys, kv_len, diag, segs)
             return jnp.where(keep, p_t, 0.0)
 
         def dscores(p_t, dp_t, slot):  # dS^T = P^T (dP^T - D), in the inputs' dtype
@@ -521,15 +526,22 @@ def _dq_kernel(
             plgpu.barrier_arrive(v_free.at[slot])
             p = jnp.exp2(s * c - _bcast(lse2, shape, 0))  # [bq, bk]
             if masked:
-                rows = q0 + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
-                cols = j * bk + plgpu.broadcasted_iota(
-                    jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA
-                )
+                keys = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
                 segs = None
                 if q_seg_ref is not None:  # (query ids, key ids), both [bq, bk]
                     k_segs = plgpu.load(kv_seg_smem.at[slot], layout=_COL)  # [bk]
                     segs = (_bcast(q_segs, shape, 0), _bcast(k_segs, shape, 1))
-                p = jnp.where(masks.tile_mask(spec, rows, cols, kv_len, diag, segs), p, 0.0)
+                if config.row_bound_mask and masks.has_row_bounds(spec):
+                    queries = q0 + plgpu.broadcasted_iota(jnp.int32, (bq,), 0, layout=_ROW)
+                    keep = bound_mask(spec, queries, keys, j * bk, kv_len, diag, 0)
+                    if segs is not None:
+                        keep = keep & (segs[0] == segs[1])
+                else:
+                    rows = q0 + plgpu.broadcasted_iota(
+                        jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA
+                    )
+                    keep = masks.tile_mask(spec, rows, j * bk + keys, kv_len, diag, segs)
+                p = jnp.where(keep, p, 0.0)
             ds = p * (dp - _bcast(delta, shape, 0))  # [bq, bk]
             (dq,) = _accumulate([(dq, ds.astype(dtype), k_tile)], staging)  # dq += ds @ k
             plgpu.barrier_arrive(k_free.at[slot])

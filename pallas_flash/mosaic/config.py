@@ -187,20 +187,19 @@ class MosaicConfig:
       leaves through Q's buffer and the next Q loads once it has been read out.
     row_bound_mask: a boundary tile's element mask from per-row key bounds
       (`masks.row_bounds`: the end of the row's window, clamped to kv_len, computed
-      once per row) against the tile's column iota, one or two compares per element,
-      instead of `masks.tile_mask`'s absolute column index and up to three compares and
-      their ands. A masked step's SASS at head dim 128 causal has 746 instructions per
-      warp against 478 unmasked (`results/mosaic-81df3c6/sass/`, read by hand): 130
-      FSEL, 106 ISETP and 34 LOP3 more for its 64 scores per thread. LLVM already
-      turns the causal compare into a per-row bound, but the key-length compare stays a
-      second compare and select per score; folded into the row bound, one ISETP and
-      one FSEL per score remain: about 100 instructions fewer per masked step (746 ->
-      about 640), a few percent of a forward whose masked steps are a fifth of all (head
-      dim 64 causal 1k with 128-key tiles), less at longer lengths. Lowered for sm_90 (on
-      CPU: `python -m benchmarks.lowered_ops --set row_bound_mask=true`), the head-dim-
-      64 causal 1k kernel has 11,972 operations against 13,592 (64 compares and 64 ands
-      fewer, and much index arithmetic); what LLVM and ptxas leave of that is for the
-      SASS to say. Off until timed.
+      once per row; forward.bound_mask) against the tile's column iota, one compare
+      per element (two with a window's start), instead of `masks.tile_mask`'s
+      absolute column index and up to three compares and their ands. Only where a
+      bound depends on the row (causal or a window); the key length alone keeps
+      `tile_mask`'s one compare. On: in the SASS at head dim 128 causal a masked
+      step has 606 instructions per warp against 746 with `tile_mask` (478 unmasked;
+      `results/mosaic-9f95796/ptxas.jsonl`; the prediction from 81df3c6's SASS was
+      about 640), and beside it in one run (`results/mosaic-9f95796/fa-mosaic-*-true-
+      rowbound.jsonl`, B x T = 16k, bf16, causal) the forward ran 1.03x at head dim
+      64 at 1k and 2k (271.9 / 348.4 TFLOP/s against 264.0 / 338.3) and 1.00x / 1.00x
+      at head dim 128 (where each score carries twice the matmul work), with
+      the same bits over the compiled case table's causal rows
+      (test_gpu_row_bound_mask_changes_no_bit).
     """
 
     block_q: int = 64
@@ -212,7 +211,7 @@ class MosaicConfig:
     early_k_wait: bool = False
     intra_overlap: bool = False
     persistent: bool = False
-    row_bound_mask: bool = False
+    row_bound_mask: bool = True
 
     def __post_init__(self):
         if self.block_q % 64 or self.block_q < 64:
@@ -279,6 +278,9 @@ class MosaicBwdConfig:
       handed over while dK's runs; otherwise every group of wgmmas is awaited before the
       next work starts (about half the pair's matmul throughput on the H200, README).
       Not yet measured, so off.
+    row_bound_mask: boundary tiles mask from each query's key bounds against the key
+      iota (forward.bound_mask), as `MosaicConfig.row_bound_mask` does in the forward,
+      in both kernels (and the fused one). Off until timed.
     """
 
     block_q_dkv: int = 64
@@ -293,6 +295,7 @@ class MosaicBwdConfig:
     operands_in_registers: bool = True
     fused: bool = False
     fa3_order: bool = False
+    row_bound_mask: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):

@@ -284,6 +284,29 @@ _ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per row of a wgmma accumulator
 _COL = plgpu.Layout.WGMMA.reduce(0)  # one value per column
 
 
+def bound_mask(spec: masks.MaskSpec, queries, keys, first_key, kv_len, diag, query_dim: int):
+    """A boundary tile's element mask from each query's key bounds (the configs'
+    `row_bound_mask`): `queries` [n] are the tile's absolute query positions, `keys` its
+    key iota counted from the absolute key `first_key`, with the queries along
+    `query_dim`. Equal to `masks.tile_mask` without segment ids (tests/test_masks.py),
+    but with one compare per element (two with a window's start), the bounds worked out
+    once per query. Only where a bound depends on the query (`masks.has_row_bounds`):
+    without one, `tile_mask` has the key-length compare alone, and for this form
+    Mosaic GPU's layout inference found no solution (on the H200 and lowered on CPU)."""
+    lo, hi = masks.row_bounds(spec, queries, kv_len, diag)
+
+    def per_query(bound):  # [n] -> keys.shape, relative to the tile's first key
+        bound = bound - first_key
+        if jnp.ndim(bound) == 0:  # the key length alone (a window without an end)
+            return bound
+        return lax.broadcast_in_dim(bound, keys.shape, [query_dim])
+
+    keep = keys < per_query(hi)
+    if lo is not None:
+        keep = keep & (keys >= per_query(lo))
+    return keep
+
+
 def _kernel(
     q_len_ref,
     kv_len_ref,
@@ -433,34 +456,14 @@ def _kernel(
                 plgpu.barrier_arrive(k_free.at[slot])
                 if not masked:
                     return None
-                if config.row_bound_mask:
-                    return row_bound_mask(j, shape, segs)
-                rows = q0 + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
-                cols = j * block_kv + plgpu.broadcasted_iota(
-                    jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA
-                )  # [block_q, block_kv] each
-                return masks.tile_mask(spec, rows, cols, kv_len, diag, segs)
-
-            def row_bound_mask(j, shape, segs):
-                """Tile j's element mask (config.row_bound_mask): each row's key bounds,
-                relative to the tile's first key, against the column iota."""
-                rows = q0 + plgpu.broadcasted_iota(jnp.int32, (shape[0],), 0, layout=_ROW)
-                lo, hi = masks.row_bounds(spec, rows, kv_len, diag)
                 cols = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
-                first = j * block_kv
-
-                def per_row(bound):  # [block_q] (or a scalar) -> [block_q, block_kv]
-                    bound = bound - first
-                    if jnp.ndim(bound) == 0:
-                        return bound
-                    return lax.broadcast_in_dim(bound, shape, [0])
-
-                keep = cols < per_row(hi)
-                if lo is not None:
-                    keep = keep & (cols >= per_row(lo))
-                if segs is not None:
-                    keep = keep & (segs[0] == segs[1])
-                return keep
+                if config.row_bound_mask and masks.has_row_bounds(spec):
+                    queries = q0 + plgpu.broadcasted_iota(jnp.int32, (shape[0],), 0, layout=_ROW)
+                    keep = bound_mask(spec, queries, cols, j * block_kv, kv_len, diag, 0)
+                    return keep if segs is None else keep & (segs[0] == segs[1])
+                rows = q0 + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
+                # [block_q, block_kv] each
+                return masks.tile_mask(spec, rows, j * block_kv + cols, kv_len, diag, segs)
 
             def qk_scores(slot):  # Q K^T of the K tile in `slot` [block_q, block_kv], awaited
                 def qk(s_ref):
