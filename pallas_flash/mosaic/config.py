@@ -280,7 +280,15 @@ class MosaicBwdConfig:
       Not yet measured, so off.
     row_bound_mask: boundary tiles mask from each query's key bounds against the key
       iota (forward.bound_mask), as `MosaicConfig.row_bound_mask` does in the forward,
-      in both kernels (and the fused one). Off until timed.
+      in both kernels (and the fused one). Beside the default in one process
+      (`results/mosaic-5a15452/fa-mosaic-*-true-rowbound-bwd*.jsonl`; causal, bf16,
+      B x T = 16k; fwd+bwd, since the bench's backward is a difference of two
+      timings): head dim 64 1.04x and 1.02x at 2k in two runs (305.4 / 294.9, 304.9 /
+      297.9 TFLOP/s), 1.00x / 1.00x at 4k; head dim 128 0.96x and 1.03x at 2k, 1.01x
+      at 4k. Its dK/dV kernel spills 36 bytes where the default spills 80
+      (`ptxas-row-bound.jsonl`). Compiled, 13 of the case table's 30 rows gave the
+      default's bits before the call's time ran out (none differed; the other 17 are
+      untested compiled: `mosaic-tests-*row-bound*.log`), so off until they pass.
     """
 
     block_q_dkv: int = 64
