@@ -14,7 +14,8 @@ warpgroups' register budgets itself (setmaxnreg), so a spill here means some war
 holds more than its budget: the first thing to rule out when a kernel is slower than
 its matmul count says (the fused backward, README). With --sass it also keeps each
 child's SASS and adds to each kernel its local loads and stores by register budget
-(`spill_regions`) and its loops' instruction mix (`sass_loops`). The SASS is Mosaic
+(`spill_regions`) and its loops' instruction mix and stack traffic (`sass_loops`);
+`--read FILE.sass` prints those again from a kept file, on any machine. The SASS is Mosaic
 GPU's own (MOSAIC_GPU_DUMP_SASS=1, which runs nvdisasm from the CUDA root it found) or,
 where that printed none (on the H200 machine at 336cd0b: no nvdisasm there), the
 kernels' PTX (MOSAIC_GPU_DUMP_PTX=1) assembled and disassembled here with the first
@@ -158,6 +159,32 @@ def _sass_class(opcode: str) -> str:
 SASS_MIN_LOOP = 16
 
 
+_SASS_LOAD = re.compile(r"\bLDL(?:\.\S+)?\s+(R\d+),\s*\[(R1(?:\+0x[0-9a-f]+)?)\]")
+_SASS_STORE = re.compile(r"\bSTL(?:\.\S+)?\s+\[(R1(?:\+0x[0-9a-f]+)?)\]")
+
+
+def _local_traffic(body: list[tuple[int, str, str]]) -> dict:
+    """A loop's stack traffic (`body`: its (address, opcode, text) in address order):
+    loads and stores; `to_uniform`, the loads whose register is next read by an R2UR
+    (a move into the uniform registers, which wgmma descriptors are read from); and
+    `fixed_slots`, the stack slots the loop loads but never stores, values fixed across
+    its iterations (at 9f95796 the fused backward reloaded ten 64-bit and ten 32-bit ones
+    in every step, README)."""
+    loads = stores = to_uniform = 0
+    loaded, stored = set(), set()
+    for i, (_, op, text) in enumerate(body):
+        if m := _SASS_STORE.search(text):
+            stores += 1
+            stored.add(m.group(1))
+        elif m := _SASS_LOAD.search(text):
+            loads += 1
+            loaded.add(m.group(2))
+            reg = re.compile(rf"\b{m.group(1)}\b")
+            use = next((o for _, o, t in body[i + 1 :] if reg.search(t.split(";")[0])), None)
+            to_uniform += use == "R2UR"
+    return dict(loads=loads, stores=stores, to_uniform=to_uniform, fixed_slots=len(loaded - stored))
+
+
 def _loops(lines: list[str]) -> list[dict]:
     """One SASS function's loops (see sass_loops), in address order."""
     labels, code, branches, here = {}, [], [], []
@@ -168,7 +195,7 @@ def _loops(lines: list[str]) -> list[dict]:
             addr = int(m.group(1), 16)
             labels.update(dict.fromkeys(here, addr))  # labels name the next instruction
             here = []
-            code.append((addr, m.group(3)))
+            code.append((addr, m.group(3), line))
             if m.group(3) == "BRA" and (b := _SASS_BRANCH.search(line)):
                 branches.append((b.group(1), addr))
     loops = {}
@@ -176,10 +203,12 @@ def _loops(lines: list[str]) -> list[dict]:
         start = labels.get(name)
         if start is None or start > end or (start, end) in loops:
             continue
-        body = [op for addr, op in code if start <= addr <= end]
+        body = [x for x in code if start <= x[0] <= end]
         if len(body) >= SASS_MIN_LOOP:
-            mix = dict(collections.Counter(map(_sass_class, body)))
+            mix = dict(collections.Counter(_sass_class(op) for _, op, _ in body))
             loops[(start, end)] = dict(start=start, end=end, instructions=len(body), mix=mix)
+            if mix.get("local"):
+                loops[(start, end)]["local_traffic"] = _local_traffic(body)
     for (start, end), loop in loops.items():  # no other loop lies inside it: a step's body
         loop["innermost"] = not any(
             start <= a and b <= end and (a, b) != (start, end) for a, b in loops
@@ -201,6 +230,28 @@ def sass_loops(sass: str) -> dict[str, list[dict]]:
     exchanges cost more instructions than its math; this says what is left after LLVM
     and ptxas."""
     return {fn: _loops(lines) for fn, lines in _sass_functions(sass).items()}
+
+
+def print_steps(loops: list[dict] | None) -> None:
+    """The innermost loops (a kernel's steps) of `sass_loops`, a line each."""
+    for loop in [lp for lp in loops or [] if lp["innermost"]]:
+        traffic = loop.get("local_traffic")
+        print(
+            f"    loop {loop['start']:#x}-{loop['end']:#x}: {loop['instructions']} "
+            f"instructions {loop['mix']}" + (f" stack: {traffic}" if traffic else ""),
+            flush=True,
+        )
+
+
+def read(path: str) -> None:
+    """A SASS file already dumped (`--sass`, e.g. a committed one), read again: each
+    function's spills by register budget and its steps, as the compiling run prints them."""
+    with open(path) as f:
+        sass = f.read()
+    regions, loops = spill_regions(sass), sass_loops(sass)
+    for fn in loops:
+        print(f"  {fn[:70]}\n    local memory by budget: {regions.get(fn)}", flush=True)
+        print_steps(loops[fn])
 
 
 def shape(head_dim: int, causal: bool):
@@ -294,8 +345,18 @@ def main(argv=None) -> int:
         help="folder: also dump each child's SASS there (IMPL-hHD-CAUSAL.sass) and add "
         "each kernel's spills by register budget (spill_regions) to its row",
     )
+    parser.add_argument(
+        "--read",
+        default=None,
+        metavar="SASS",
+        help="no compiling (no GPU needed): read a SASS file that --sass wrote and print "
+        "its spills by register budget and its steps",
+    )
     parser.add_argument("--child", nargs=3, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.read:
+        read(args.read)
+        return 0
     if args.child:
         impl, head_dim, causal = args.child
         child(impl, int(head_dim), causal == "true")
@@ -348,12 +409,7 @@ def main(argv=None) -> int:
                         print(f"    {warning[:160]}", flush=True)
                     if kern.get("spill_regions"):
                         print(f"    local memory by budget: {kern['spill_regions']}", flush=True)
-                    for loop in [lp for lp in kern.get("loops") or [] if lp["innermost"]]:
-                        print(
-                            f"    loop {loop['start']:#x}-{loop['end']:#x}: "
-                            f"{loop['instructions']} instructions {loop['mix']}",
-                            flush=True,
-                        )
+                    print_steps(kern.get("loops"))
                 if args.out:
                     with open(args.out, "a") as f:
                         f.write(json.dumps(row) + "\n")

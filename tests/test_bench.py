@@ -234,6 +234,33 @@ def test_ptxas_report_parses_per_kernel():
     assert ptxas.shape(64, True).heads == 32
 
 
+def test_ptxas_stack_traffic_of_a_step(tmp_path, capsys):
+    """A step's stack traffic: a 64-bit reload bound for R2UR (a descriptor held across
+    the loop), a spill and its reload within the step, and a reload read by an IMAD."""
+    from benchmarks import ptxas
+
+    body = [
+        "LDL.64 R20, [R1+0x48]",
+        "STL [R1+0xf8], R0",
+        "FFMA R4, R4, R5, -R6",
+        "R2UR UR4, R20",  # R20's next reader: into the uniform registers
+        "LDL.LU R0, [R1+0xf8]",
+        "LDL R21, [R1+0x50]",
+        "IMAD R2, R21, 0x8, R0",  # R21's next reader: arithmetic
+        "R2UR UR5, R21",
+    ]
+    body += ["HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24"] * 8
+    lines = [".text.k:", ".L_x_1:"]
+    lines += [f"        /*{16 * i:04x}*/                   {op} ;" for i, op in enumerate(body)]
+    lines += [f"        /*{16 * len(body):04x}*/                @P0 BRA `(.L_x_1) ;"]
+    (loop,) = ptxas.sass_loops("\n".join(lines))["k"]
+    assert loop["local_traffic"] == dict(loads=3, stores=1, to_uniform=1, fixed_slots=2)
+    path = tmp_path / "k.sass"
+    path.write_text("\n".join(lines))
+    assert ptxas.main(["--read", str(path)]) == 0
+    assert "'to_uniform': 1, 'fixed_slots': 2" in capsys.readouterr().out
+
+
 def _row(suite, mask, p, ms, causal=False, head_dim=128):
     return dict(
         suite=suite,
