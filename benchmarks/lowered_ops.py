@@ -1,7 +1,7 @@
 """Operations in the Mosaic GPU forward kernel as lowered for sm_90, counted on CPU.
 
     python -m benchmarks.lowered_ops --head-dim 64 --seq 1024 --causal true \
-        --set row_bound_mask=true
+        --set row_bound_mask=false
 
 Lowers the forward (B=1, T=S=seq, 2 heads, bf16) for CUDA without a GPU, once with the
 default config the API picks for the call and once with the `--set` fields replaced, and

@@ -548,11 +548,12 @@ def test_lowered_ops_counts_the_mask_formulations(capsys):
 
     spec = masks.MaskSpec(causal=True)
     config = mosaic_config.default_mosaic_config(64, 256, True)
-    base = lowered_ops.forward_ops(config, spec, 64, 256)
-    rows = lowered_ops.forward_ops(dataclasses.replace(config, row_bound_mask=True), spec, 64, 256)
+    assert config.row_bound_mask  # the default since 5a15452
+    base = lowered_ops.forward_ops(dataclasses.replace(config, row_bound_mask=False), spec, 64, 256)
+    rows = lowered_ops.forward_ops(config, spec, 64, 256)
     assert rows["stable_mosaic_gpu.arith.cmpi"] < base["stable_mosaic_gpu.arith.cmpi"]
     assert rows["stable_mosaic_gpu.arith.andi"] < base["stable_mosaic_gpu.arith.andi"]
-    assert lowered_ops.main(["--seq", "256", "--set", "row_bound_mask=true"]) == 0
+    assert lowered_ops.main(["--seq", "256", "--set", "row_bound_mask=false"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("total: ") and "arith.cmpi" in out
     with pytest.raises(ValueError, match="not FIELD=VALUE"):

@@ -344,6 +344,24 @@ def test_interpret_fused_matches_reference(case, config):
     _compare(case, config, interpret=True, seed=_seed(case))
 
 
+@pytest.mark.parametrize(
+    "case,config",
+    [
+        (ROW_BOUND_CASES[0], default_mosaic_bwd_config(128)),  # the pair
+        FUSED_CASES[0],  # two consumers, each reading both K and dS^T tiles
+    ],
+    ids=["pair", "fused"],
+)
+def test_interpret_step_descriptors_change_no_bit(case, config):
+    """`step_descriptors` addresses the same buffers (through an offset that is 0), so
+    the gradients are the same bits."""
+    on, off = (dataclasses.replace(config, step_descriptors=b) for b in (True, False))
+    seed = _seed(case)
+    chex.assert_trees_all_equal(
+        _compare(case, on, interpret=True, seed=seed), _compare(case, off, True, seed=seed)
+    )
+
+
 def test_interpret_fused_finds_no_data_race(capsys):
     """The race detector (as test_interpret_finds_no_data_race) over the fused kernel's
     own buffers too: the one dS^T buffer both consumers read and the two share slots
@@ -453,16 +471,21 @@ LOWERINGS = {
 }
 
 
-@pytest.mark.parametrize("in_registers", [True, False, "dq2"], ids=["regs", "staged", "dq2"])
+@pytest.mark.parametrize(
+    "in_registers", [True, False, "dq2", "steps"], ids=["regs", "staged", "dq2", "step-desc"]
+)
 @pytest.mark.parametrize("head_dim,dtype,spec", LOWERINGS.values(), ids=LOWERINGS.keys())
 def test_compiled_kernels_lower_for_hopper(head_dim, dtype, spec, in_registers):
     """Lowering for CUDA runs on CPU: Pallas to the Mosaic GPU dialect, its layout
     inference for sm_90 (the register operands of wgmma included), the lowering of
     that dialect and the shared-memory check, for both kernels. What is left for the
     GPU: LLVM/PTX code generation, ptxas (register spills), and running it. (dq2:
-    operands in registers with two dQ consumers at every head dim.)"""
+    operands in registers with two dQ consumers at every head dim; step-desc: operands
+    in registers, step_descriptors.)"""
     config = dataclasses.replace(
-        default_mosaic_bwd_config(head_dim), operands_in_registers=bool(in_registers)
+        default_mosaic_bwd_config(head_dim),
+        operands_in_registers=bool(in_registers),
+        step_descriptors=in_registers == "steps",
     )
     if in_registers == "dq2":
         config = dataclasses.replace(config, consumers_dq=2)
@@ -568,6 +591,11 @@ FUSED_LOWERINGS = {
     "h64-one-consumer-staged-segments": (
         64,
         dataclasses.replace(FUSED_ONE, operands_in_registers=False),
+        True,
+    ),
+    "h128-fa3-order-step-descriptors-segments": (
+        128,
+        dataclasses.replace(FUSED, fa3_order=True, step_descriptors=True),
         True,
     ),
 }
@@ -705,6 +733,22 @@ def test_gpu_fused_fa3_order_matches_reference(case):
         case, dataclasses.replace(config, fa3_order=True), interpret=False, seed=_seed(case)
     )
     chex.assert_trees_all_equal(fa3, _compare(case, config, False, seed=_seed(case)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
+def test_gpu_step_descriptors_change_no_bit(case):
+    """step_descriptors compiled, in the fused kernel in FA3's order (where the spills
+    were) and in the pair: the same bits as without."""
+    seed = _seed(case)
+    for config in (
+        dataclasses.replace(fused_mosaic_bwd_config(case.head_dim), fa3_order=True),
+        default_mosaic_bwd_config(case.head_dim),
+    ):
+        on, off = (dataclasses.replace(config, step_descriptors=b) for b in (True, False))
+        chex.assert_trees_all_equal(
+            _compare(case, on, interpret=False, seed=seed), _compare(case, off, False, seed=seed)
+        )
 
 
 @pytest.mark.gpu

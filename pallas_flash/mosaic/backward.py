@@ -323,7 +323,7 @@ def _dkdv_kernel(
             delta = plgpu.load(delta_smem.at[slot], layout=_COL)  # [bq]
             return (p_t * (dp_t - _bcast(delta, shape, 1))).astype(dtype)  # [bk, bq]
 
-        def fa3_step(i, carry, *, step, slot, q_tile, do_tile, masked: bool):
+        def fa3_step(i, carry, *, step, slot, q_tile, do_tile, k_tile, v_tile, z, masked: bool):
             """One fused step in FlashAttention-3's order (`MosaicBwdConfig.fa3_order`):
             S^T and dP^T issued together, the exp2 beside dP^T; then dV, with dS^T stored
             and exchanged while it runs; the share and dK queued behind it, and the share
@@ -344,7 +344,7 @@ def _dkdv_kernel(
                 dv_ref, share_ref, dk_ref = refs
                 plgpu.wgmma(dv_ref, p_t, do_tile)  # dv += p^T @ do
                 dq_adds.share_ds(fused_scratch, step, w, ds_t)  # while dV runs
-                dq_adds.issue_share(fused_scratch, w, k_smem, part, share_ref)
+                dq_adds.issue_share(fused_scratch, w, k_smem, part, share_ref, z)
                 plgpu.wgmma(dk_ref, ds_t, q_tile)  # dk += ds^T @ q
                 # dV's and the share's groups are done; dK's runs beside the hand-over.
                 share = plgpu.wgmma_accumulator_load(share_ref, wait_n=1)
@@ -357,16 +357,29 @@ def _dkdv_kernel(
             plgpu.barrier_arrive(free.at[slot])
             return dv, dk
 
+        def step_operands(step):
+            """This step's K and V tiles, and the index offset `z` (0) of the buffers that
+            stay in place. With `config.step_descriptors` they are addressed through
+            `z`, which is 0 (steps count from 0) but not to the compiler, so each step
+            builds their wgmma descriptors anew instead of holding them all across the
+            loop (where the fused kernel spilled them, README)."""
+            if not config.step_descriptors:
+                return k_tile, v_tile, 0
+            z = lax.shift_right_logical(step, 31)
+            return k_smem.at[t + z], v_smem.at[t + z], z
+
         def body(i, carry, *, g, masked: bool):
             step = step_of(g, i)
             slot = lax.rem(step, jnp.int32(stages))
             q_tile, do_tile = q_smem.at[slot], do_smem.at[slot]
             plgpu.barrier_wait(q_ready.at[slot])
             plgpu.barrier_wait(do_ready.at[slot])  # every consumer sees every phase
+            k_tile, v_tile, z = step_operands(step)
             if config.fa3_order:
                 return fa3_step(
-                    i, carry, step=step, slot=slot, q_tile=q_tile, do_tile=do_tile, masked=masked
-                )
+                    i, carry, step=step, slot=slot, q_tile=q_tile, do_tile=do_tile,
+                    k_tile=k_tile, v_tile=v_tile, z=z, masked=masked,
+                )  # fmt: skip
             pairs = [(k_tile, q_tile.transpose((1, 0)))]  # s^T = k @ q.T: [bk, bq]
             if does_dk:
                 pairs.append((v_tile, do_tile.transpose((1, 0))))  # dp^T = v @ do.T: [bk, bq]
@@ -383,7 +396,7 @@ def _dkdv_kernel(
             carry = tuple(_accumulate(terms, staging))
             plgpu.barrier_arrive(free.at[slot])
             if config.fused:
-                dq_adds.dq_share(fused_scratch, step, w, k_smem, part)
+                dq_adds.dq_share(fused_scratch, step, w, k_smem, part, z)
             return carry
 
         def per_head(g, carry):

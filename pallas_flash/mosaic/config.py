@@ -289,6 +289,14 @@ class MosaicBwdConfig:
       (`ptxas-row-bound.jsonl`). Compiled, 13 of the case table's 30 rows gave the
       default's bits before the call's time ran out (none differed; the other 17 are
       untested compiled: `mosaic-tests-*row-bound*.log`), so off until they pass.
+    step_descriptors: the dK/dV (and fused) kernel addresses the buffers that stay in
+      place across its loop (the resident K and V tiles, the fused kernel's dS^T tiles)
+      through an index offset that is 0 but opaque to the compiler (backward.
+      step_operands), so that each step rebuilds their wgmma descriptors (a 64-bit add
+      each) rather than the compiler building them all before the loop and holding
+      them: at 9f95796 the fused kernel spilled them, 10-18 stack reloads bound for
+      R2UR in every step (README, "The fused kernel's own SASS"). Not yet compiled on
+      the H200, so off.
     """
 
     block_q_dkv: int = 64
@@ -304,6 +312,7 @@ class MosaicBwdConfig:
     fused: bool = False
     fa3_order: bool = False
     row_bound_mask: bool = False
+    step_descriptors: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):

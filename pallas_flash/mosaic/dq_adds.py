@@ -125,13 +125,14 @@ def share_ds(s, step, w: int, ds_t):
     plgpu.barrier_arrive(s["ds_ready"])
 
 
-def share_pairs(s, w: int, k_smem, part: tuple[int, int]):
+def share_pairs(s, w: int, k_smem, part: tuple[int, int], z=0):
     """The (A, B) shared-memory operands of consumer `w`'s slice of the dQ share,
-    dS @ K over every key tile of the CTA ([rows, cols] from each pair)."""
+    dS @ K over every key tile of the CTA ([rows, cols] from each pair); their tiles
+    indexed with the offset `z` (0: MosaicBwdConfig.step_descriptors)."""
     rows, cols = part
     pairs = []
     for t in range(s["ds"].shape[0]):
-        ds_t, k_t = s["ds"].at[t], k_smem.at[t]  # [bk, bq], [bk, hp]
+        ds_t, k_t = s["ds"].at[t + z], k_smem.at[t + z]  # [bk, bq], [bk, hp]
         if rows < ds_t.shape[1]:
             ds_t = ds_t.at[:, pl.ds(w * rows, rows)]
         if cols < k_t.shape[1]:
@@ -140,21 +141,21 @@ def share_pairs(s, w: int, k_smem, part: tuple[int, int]):
     return pairs
 
 
-def issue_share(s, w: int, k_smem, part: tuple[int, int], acc_ref):
+def issue_share(s, w: int, k_smem, part: tuple[int, int], acc_ref, z=0):
     """Issues consumer `w`'s slice of this step's dQ share into `acc_ref` (float32
     [rows, cols], unscaled: backward.py scales the sum), once every consumer's dS^T is
     in; the caller awaits the wgmmas."""
     plgpu.barrier_wait(s["ds_ready"])  # every consumer's dS^T is in
-    for a, b in share_pairs(s, w, k_smem, part):
+    for a, b in share_pairs(s, w, k_smem, part, z):
         plgpu.wgmma(acc_ref, a, b)
 
 
-def dq_share(s, step, w: int, k_smem, part: tuple[int, int]):
+def dq_share(s, step, w: int, k_smem, part: tuple[int, int], z=0):
     """Consumer `w`'s slice of this step's dQ share, computed alone (after dK's and dV's
     wait) and handed to the writer."""
 
     def mma(acc_ref):
-        issue_share(s, w, k_smem, part, acc_ref)
+        issue_share(s, w, k_smem, part, acc_ref, z)
         return acc_ref[...]  # awaits the wgmmas
 
     hand_share(s, step, w, pl.run_scoped(mma, plgpu.ACC(part, jnp.float32)))
