@@ -1,16 +1,25 @@
-"""Operations in the Mosaic GPU forward kernel as lowered for sm_90, counted on CPU.
+"""Operations in the Mosaic GPU kernels as lowered for sm_90, counted on CPU.
 
     python -m benchmarks.lowered_ops --head-dim 64 --seq 1024 --causal true \
         --set row_bound_mask=false
+    python -m benchmarks.lowered_ops --kernel backward --head-dim 128 --live-ins \
+        --base fused=true fa3_order=true --set step_descriptors=true
 
-Lowers the forward (B=1, T=S=seq, 2 heads, bf16) for CUDA without a GPU, once with the
-default config the API picks for the call and once with the `--set` fields replaced, and
-prints the operations of the kernel's Mosaic GPU module (the custom call's `module`
-attribute, MLIR bytecode at the arith / vector / llvm level) by name, where the two
-differ. A proxy for the instructions a change adds or saves before LLVM and ptxas fold
-constants and schedule: the SASS (`benchmarks.ptxas --sass`, on the GPU) says what is
-left.
-"""
+Lowers the forward (B=1, T=S=seq, 2 heads, bf16), or the backward, for CUDA without a
+GPU, once with a config (the default the API picks for the call, with the `--base`
+fields replaced) and once with the `--set` fields replaced as well, and prints the
+operations of the kernels' Mosaic GPU modules (the custom calls' `module` attribute,
+MLIR bytecode at the arith / vector / llvm level) by name, where the two differ. A
+proxy for the instructions a change adds or saves before LLVM and ptxas fold constants
+and schedule: the SASS (`benchmarks.ptxas --sass`, on the GPU) says what is left.
+
+`--live-ins` prints instead, for each kernel's steps (innermost loops of at least
+STEP_OPS operations), the values a step reads that are computed outside it, constants
+aside, by type, after MLIR's loop-invariant code motion (`step_live_ins`): what the
+compiler will hold in registers across the steps (LLVM's own hoisting runs on the GPU;
+MLIR's is its stand-in here). 64-bit ones are wgmma descriptors and addresses: the
+fused backward in FA3's order holds 32 of them per step (the hoisted descriptors its
+SASS spills, README), and none with `step_descriptors`."""
 
 from __future__ import annotations
 
@@ -22,13 +31,23 @@ import sys
 import jax
 import jax.numpy as jnp
 from jax._src.interpreters import mlir as jax_mlir  # no public context with JAX's dialects
-from jax._src.lib.mlir import ir
+from jax._src.lib.mlir import ir, passmanager
 from jax.experimental.mosaic.gpu import dialect as mosaic_gpu_dialect
 
 from benchmarks.impls import config_overrides
 from pallas_flash import masks
+from pallas_flash.mosaic import backward as mosaic_backward
 from pallas_flash.mosaic import forward as mosaic_forward
-from pallas_flash.mosaic.config import MosaicConfig, default_mosaic_config
+from pallas_flash.mosaic.config import (
+    MosaicBwdConfig,
+    MosaicConfig,
+    default_mosaic_bwd_config,
+    default_mosaic_config,
+)
+
+# A step loop's least size in operations (smaller innermost loops are barrier waits and
+# the dQ writer's drains).
+STEP_OPS = 500
 
 
 def _kernel_modules(lowered_module) -> list[bytes]:
@@ -51,27 +70,76 @@ def _kernel_modules(lowered_module) -> list[bytes]:
     return out
 
 
-def op_counts(module_bytes: bytes) -> collections.Counter:
-    """Operations by name in one Mosaic GPU kernel module."""
+def _parse(module_bytes: bytes, ctx):
+    """One kernel module, its ops in their own dialects (Mosaic GPU stores them under
+    stable names: its serde pass gives them back)."""
+    from jax.experimental.mosaic.gpu import core  # its serde pass: no public name
+
+    return core._run_serde_pass(ir.Module.parse(module_bytes, ctx), serialize=False)
+
+
+def _context():
     ctx = jax_mlir.make_ir_context()
     mosaic_gpu_dialect.register_dialect(ctx)
     ctx.allow_unregistered_dialects = True
-    counts: collections.Counter = collections.Counter()
-
-    def walk(op):
-        counts[op.name] += 1
-        for region in op.regions:
-            for block in region.blocks:
-                for inner in block.operations:
-                    walk(inner.operation)
-
-    with ctx:
-        walk(ir.Module.parse(module_bytes).operation)
-    return counts
+    return ctx
 
 
-def forward_ops(config: MosaicConfig, spec: masks.MaskSpec, head_dim: int, seq: int):
-    """Operation counts of the forward kernel lowered for sm_90 with `config`."""
+def _walk(op):
+    """Every operation nested in `op` (not `op` itself), in program order."""
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                yield inner.operation
+                yield from _walk(inner.operation)
+
+
+_LOOPS = ("scf.for", "scf.while")
+_CONSTANTS = ("arith.constant", "llvm.mlir.constant")
+
+
+def op_counts(module_bytes: bytes) -> collections.Counter:
+    """Operations by name in one Mosaic GPU kernel module."""
+    with _context() as ctx:
+        return collections.Counter(op.name for op in _walk(_parse(module_bytes, ctx).operation))
+
+
+def step_live_ins(module_bytes: bytes) -> list[collections.Counter]:
+    """For each step of one kernel module (an innermost loop of at least STEP_OPS
+    operations), after MLIR's loop-invariant code motion: the values it reads that are
+    computed outside it, constants aside, counted by type."""
+    with _context() as ctx:
+        module = _parse(module_bytes, ctx)
+        pm = passmanager.PassManager.parse("builtin.module(loop-invariant-code-motion)", ctx)
+        pm.run(module.operation)
+        out = []
+        for loop in _walk(module.operation):
+            if loop.name not in _LOOPS:
+                continue
+            body = list(_walk(loop))
+            if len(body) < STEP_OPS or any(op.name in _LOOPS for op in body):
+                continue
+            inside = {loop, *body}
+            types = {}
+            for op in body:
+                for value in op.operands:
+                    owner = value.owner
+                    if isinstance(owner, ir.Block):  # a block argument: its region's op
+                        owner = owner.owner
+                    owner = owner.operation
+                    if owner not in inside and owner.name not in _CONSTANTS:
+                        types[value] = str(value.type)
+            out.append(collections.Counter(types.values()))
+        return out
+
+
+def _modules(fn, *shapes) -> list[bytes]:
+    lowered = jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",))
+    return _kernel_modules(lowered.compiler_ir())
+
+
+def forward_modules(config: MosaicConfig, spec: masks.MaskSpec, head_dim: int, seq: int):
+    """The forward kernel's module, lowered for sm_90 with `config`."""
 
     def f(q, k, v, q_len, kv_len):
         return mosaic_forward.forward(
@@ -80,30 +148,65 @@ def forward_ops(config: MosaicConfig, spec: masks.MaskSpec, head_dim: int, seq: 
 
     q = jax.ShapeDtypeStruct((1, seq, 2, head_dim), jnp.bfloat16)
     lens = jax.ShapeDtypeStruct((1,), jnp.int32)
-    lowered = jax.jit(f).trace(q, q, q, lens, lens).lower(lowering_platforms=("cuda",))
-    (module,) = _kernel_modules(lowered.compiler_ir())
+    return _modules(f, q, q, q, lens, lens)
+
+
+def backward_modules(config: MosaicBwdConfig, spec: masks.MaskSpec, head_dim: int, seq: int):
+    """The backward kernels' modules (dK/dV and dQ, or the fused one) for sm_90."""
+
+    def f(q, k, v, o, lse, do, q_len, kv_len):
+        return mosaic_backward.backward(
+            q, k, v, o, lse, do, None, q_len, kv_len, spec=spec, scale=0.1, config=config
+        )[:3]
+
+    q = jax.ShapeDtypeStruct((1, seq, 2, head_dim), jnp.bfloat16)
+    lse = jax.ShapeDtypeStruct((1, 2, seq), jnp.float32)
+    lens = jax.ShapeDtypeStruct((1,), jnp.int32)
+    return _modules(f, q, q, q, q, lse, q, lens, lens)
+
+
+def forward_ops(config: MosaicConfig, spec: masks.MaskSpec, head_dim: int, seq: int):
+    """Operation counts of the forward kernel lowered for sm_90 with `config`."""
+    (module,) = forward_modules(config, spec, head_dim, seq)
     return op_counts(module)
 
 
-def parse_fields(items: list[str]) -> dict:
-    """FIELD=VALUE pairs (true / false / an int) of MosaicConfig, as the bench's config
+def parse_fields(items: list[str], cls: type = MosaicConfig) -> dict:
+    """FIELD=VALUE pairs (true / false / an int) of `cls`, as the bench's config
     variants take them (impls.config_overrides)."""
-    return config_overrides(items, {"fwd": MosaicConfig}, "--set")["fwd"]
+    return config_overrides(items, {"config": cls}, "--set")["config"]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernel", choices=("forward", "backward"), default="forward")
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--causal", choices=("true", "false"), default="true")
-    parser.add_argument("--set", nargs="+", default=[], help="FIELD=VALUE of MosaicConfig")
+    parser.add_argument("--base", nargs="+", default=[], help="FIELD=VALUE: the baseline")
+    parser.add_argument("--set", nargs="+", default=[], help="FIELD=VALUE: the change")
+    parser.add_argument("--live-ins", action="store_true", help="each step's live-ins")
     args = parser.parse_args(argv)
     causal = args.causal == "true"
-    base = default_mosaic_config(args.head_dim, args.seq, causal)
-    changed = dataclasses.replace(base, **parse_fields(args.set))
     spec = masks.MaskSpec(causal=causal)
-    a, b = (forward_ops(c, spec, args.head_dim, args.seq) for c in (base, changed))
-    print(f"total: {sum(a.values())} default, {sum(b.values())} with {' '.join(args.set)}")
+    if args.kernel == "forward":
+        cls, lower = MosaicConfig, forward_modules
+        default = default_mosaic_config(args.head_dim, args.seq, causal)
+    else:
+        cls, lower = MosaicBwdConfig, backward_modules
+        default = default_mosaic_bwd_config(args.head_dim)
+    base = dataclasses.replace(default, **parse_fields(args.base, cls))
+    changed = dataclasses.replace(base, **parse_fields(args.set, cls))
+    modules = [lower(c, spec, args.head_dim, args.seq) for c in (base, changed)]
+    if args.live_ins:
+        for label, mods in zip(("base", "with " + " ".join(args.set)), modules):
+            print(f"{label}:")
+            for i, module in enumerate(mods):
+                for step in step_live_ins(module):
+                    print(f"  kernel {i} step: {step.get('i64', 0)} x i64, {dict(step)}")
+        return 0
+    a, b = (sum(map(op_counts, mods), collections.Counter()) for mods in modules)
+    print(f"total: {sum(a.values())} base, {sum(b.values())} with {' '.join(args.set)}")
     for name in sorted(set(a) | set(b), key=lambda n: (b[n] - a[n], n)):
         if a[name] != b[name]:
             print(f"  {name}: {a[name]} -> {b[name]}")

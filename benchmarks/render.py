@@ -436,7 +436,8 @@ def ring_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-# The Mosaic forward's schedule flags and their labels (all off in MosaicConfig());
+# The Mosaic forward's schedule flags and their labels (all off in MosaicConfig() but
+# row_bound_mask, on since 5a15452: rows before it used tile_mask and carry no "row-mask");
 # one_way_turns was removed after its timing, whose committed rows carry it
 # (results/mosaic-41958b0/).
 _MOSAIC_FLAGS = (

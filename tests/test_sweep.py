@@ -249,6 +249,8 @@ def test_mosaic_forward_label_names_its_schedule_flags():
     """A sweep's best Mosaic forward differs from the default by a schedule flag at times
     (the early K wait): the label must say which, or two rows read alike."""
     default = dataclasses.asdict(configs.MosaicConfig())
+    assert render.config_label(default) == "64x128 s2 row-mask"
+    default["row_bound_mask"] = False
     assert render.config_label(default) == "64x128 s2"
     flags = dict(default, rescale_before_turn=True, early_k_wait=True)
     assert render.config_label(flags) == "64x128 s2 rescale-early k-wait-early"

@@ -295,8 +295,12 @@ class MosaicBwdConfig:
       step_operands), so that each step rebuilds their wgmma descriptors (a 64-bit add
       each) rather than the compiler building them all before the loop and holding
       them: at 9f95796 the fused kernel spilled them, 10-18 stack reloads bound for
-      R2UR in every step (README, "The fused kernel's own SASS"). Not yet compiled on
-      the H200, so off.
+      R2UR in every step (README, "The fused kernel's own SASS"). Lowered on CPU with
+      MLIR's loop-invariant code motion standing in for LLVM's (`python -m
+      benchmarks.lowered_ops --kernel backward --head-dim 128 --live-ins --base
+      fused=true fa3_order=true --set step_descriptors=true`), each fused step reads 32
+      64-bit values made before the loop, none with this on (the pair's dK/dV steps: 16,
+      none). Not yet compiled on the H200, so off.
     """
 
     block_q_dkv: int = 64
