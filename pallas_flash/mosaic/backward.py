@@ -95,7 +95,7 @@ from pallas_flash.mosaic.forward import (
     _COL,
     _ROW,
     _pad,
-    bound_mask,
+    element_mask,
     intersect_tables,
     stream_kv_tiles,
     unsupported,
@@ -307,16 +307,9 @@ def _dkdv_kernel(
             if q_seg_ref is not None:  # (query ids, key ids), both [bk, bq]
                 q_segs = plgpu.load(q_seg_smem.at[slot], layout=_COL)  # [bq]
                 segs = (_bcast(q_segs, shape, 1), _bcast(k_segs, shape, 0))
-            if config.row_bound_mask and masks.has_row_bounds(spec):
-                queries = i * bq + plgpu.broadcasted_iota(jnp.int32, (bq,), 0, layout=_COL)
-                keep = bound_mask(spec, queries, keys, kw0, kv_len, diag, 1)
-                if segs is not None:
-                    keep = keep & (segs[0] == segs[1])
-            else:
-                rows = i * bq + plgpu.broadcasted_iota(
-                    jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA
-                )  # [bk, bq]: query positions
-                keep = masks.tile_mask(spec, rows, kw0 + keys, kv_len, diag, segs)
+            keep = element_mask(
+                spec, config.row_bound_mask, i * bq, keys, kw0, kv_len, diag, 1, segs
+            )
             return jnp.where(keep, p_t, 0.0)
 
         def dscores(p_t, dp_t, slot):  # dS^T = P^T (dP^T - D), in the inputs' dtype
@@ -544,16 +537,9 @@ def _dq_kernel(
                 if q_seg_ref is not None:  # (query ids, key ids), both [bq, bk]
                     k_segs = plgpu.load(kv_seg_smem.at[slot], layout=_COL)  # [bk]
                     segs = (_bcast(q_segs, shape, 0), _bcast(k_segs, shape, 1))
-                if config.row_bound_mask and masks.has_row_bounds(spec):
-                    queries = q0 + plgpu.broadcasted_iota(jnp.int32, (bq,), 0, layout=_ROW)
-                    keep = bound_mask(spec, queries, keys, j * bk, kv_len, diag, 0)
-                    if segs is not None:
-                        keep = keep & (segs[0] == segs[1])
-                else:
-                    rows = q0 + plgpu.broadcasted_iota(
-                        jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA
-                    )
-                    keep = masks.tile_mask(spec, rows, j * bk + keys, kv_len, diag, segs)
+                keep = element_mask(
+                    spec, config.row_bound_mask, q0, keys, j * bk, kv_len, diag, 0, segs
+                )
                 p = jnp.where(keep, p, 0.0)
             ds = p * (dp - _bcast(delta, shape, 0))  # [bq, bk]
             (dq,) = _accumulate([(dq, ds.astype(dtype), k_tile)], staging)  # dq += ds @ k

@@ -307,6 +307,37 @@ def bound_mask(spec: masks.MaskSpec, queries, keys, first_key, kv_len, diag, que
     return keep
 
 
+def element_mask(
+    spec: masks.MaskSpec,
+    row_bound: bool,
+    first_query,
+    keys,
+    first_key,
+    kv_len,
+    diag,
+    query_dim: int,
+    segs=None,
+):
+    """A boundary tile's element mask, for the forward and both backward kernels: the
+    queries run along `query_dim` from the absolute position `first_query`, `keys` is
+    the tile's key iota (wgmma layout) counted from the absolute key `first_key`, and
+    `segs` is None or the (query ids, key ids) pair broadcast to the tile. With
+    `row_bound` (the configs' `row_bound_mask`) and a bound that depends on the query,
+    `bound_mask`'s one or two compares per element; otherwise `masks.tile_mask`."""
+    shape = keys.shape
+    if row_bound and masks.has_row_bounds(spec):
+        layout = _ROW if query_dim == 0 else _COL
+        queries = first_query + plgpu.broadcasted_iota(
+            jnp.int32, (shape[query_dim],), 0, layout=layout
+        )
+        keep = bound_mask(spec, queries, keys, first_key, kv_len, diag, query_dim)
+        return keep if segs is None else keep & (segs[0] == segs[1])
+    queries = first_query + plgpu.broadcasted_iota(
+        jnp.int32, shape, query_dim, layout=plgpu.Layout.WGMMA
+    )
+    return masks.tile_mask(spec, queries, first_key + keys, kv_len, diag, segs)
+
+
 def _kernel(
     q_len_ref,
     kv_len_ref,
@@ -457,13 +488,9 @@ def _kernel(
                 if not masked:
                     return None
                 cols = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
-                if config.row_bound_mask and masks.has_row_bounds(spec):
-                    queries = q0 + plgpu.broadcasted_iota(jnp.int32, (shape[0],), 0, layout=_ROW)
-                    keep = bound_mask(spec, queries, cols, j * block_kv, kv_len, diag, 0)
-                    return keep if segs is None else keep & (segs[0] == segs[1])
-                rows = q0 + plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
-                # [block_q, block_kv] each
-                return masks.tile_mask(spec, rows, j * block_kv + cols, kv_len, diag, segs)
+                return element_mask(
+                    spec, config.row_bound_mask, q0, cols, j * block_kv, kv_len, diag, 0, segs
+                )  # [block_q, block_kv]
 
             def qk_scores(slot):  # Q K^T of the K tile in `slot` [block_q, block_kv], awaited
                 def qk(s_ref):
