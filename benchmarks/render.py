@@ -449,13 +449,22 @@ _MOSAIC_FLAGS = (
     ("row_bound_mask", "row-mask"),
 )
 
+# The Mosaic backward's flags and their labels (all off in MosaicBwdConfig()).
+_MOSAIC_BWD_FLAGS = (
+    ("fused", "fused"),
+    ("fa3_order", "fa3-order"),
+    ("row_bound_mask", "row-mask"),
+    ("step_descriptors", "step-desc"),
+)
+
 
 def config_label(c: dict) -> str:
     """A config in a cell. Triton: "128x64 w8 s3", or "dkv 64x64 dq 64x64 w4 s2".
     Mosaic: "64x128 s2" (block_q per warpgroup x block_kv, stages; "no-pingpong",
     "p-smem", "rescale-early", "k-wait-early", "overlap", "persistent", "one-way",
     "row-mask" where set), or "dkv 2x64 q64 s2 dq 2x64 kv64 s2" (warpgroups x their
-    tile, the streamed tile, stages; "split" where dV and dK split the warpgroups)."""
+    tile, the streamed tile, stages; "split" where dV and dK split the warpgroups;
+    "ops-smem", "fused", "fa3-order", "row-mask", "step-desc" where set)."""
     if "schedule_barrier" in c:
         flags = ("" if c["schedule_barrier"] else " no-pingpong") + (
             "" if c.get("p_in_registers", True) else " p-smem"
@@ -467,8 +476,10 @@ def config_label(c: dict) -> str:
         tiles = 1 if c["split_dkv"] else c["consumers_dkv"]
         dkv = f"dkv {tiles}x{c['block_kv_dkv']} q{c['block_q_dkv']} s{c['num_stages_dkv']}"
         dq = f"dq {c['consumers_dq']}x{c['block_q_dq']} kv{c['block_kv_dq']} s{c['num_stages_dq']}"
-        smem = "" if c.get("operands_in_registers", True) else " ops-smem"
-        return f"{dkv}{' split' if c['split_dkv'] else ''} {dq}{smem}"
+        flags = "" if c.get("operands_in_registers", True) else " ops-smem"
+        for key, name in _MOSAIC_BWD_FLAGS:  # absent from rows written before the flag
+            flags += f" {name}" if c.get(key) else ""
+        return f"{dkv}{' split' if c['split_dkv'] else ''} {dq}{flags}"
     tail = f"w{c['num_warps']} s{c['num_stages']}"
     if "block_q" in c:
         return f"{c['block_q']}x{c['block_kv']} {tail}"
