@@ -451,7 +451,10 @@ def test_fused_config_validation():
     assert FUSED.dq_part(128) == (64, 64)
     assert MosaicBwdConfig(fused=True, block_q_dkv=128).dq_part(64) == (64, 64)  # rows
     assert FUSED_ONE.dq_part(64) == (64, 64)
-    assert fused_mosaic_bwd_config(128) == FUSED and fused_mosaic_bwd_config(64) == FUSED_ROWS
+    # The fused rows mask as the default rows do (row bounds at head dims 64 and 128).
+    rows = dict(row_bound_mask=True)
+    assert fused_mosaic_bwd_config(128) == dataclasses.replace(FUSED, **rows)
+    assert fused_mosaic_bwd_config(64) == dataclasses.replace(FUSED_ROWS, **rows)
     with pytest.raises(ValueError, match="above 128"):
         fused_mosaic_bwd_config(256)
     with pytest.raises(ValueError, match="registers"):  # dK, dV and a 64 x 128 share

@@ -288,7 +288,10 @@ class MosaicBwdConfig:
       at 4k. Its dK/dV kernel spills 36 bytes where the default spills 80
       (`ptxas-row-bound.jsonl`). Compiled, 13 of the case table's 30 rows gave the
       default's bits before the call's time ran out (none differed; the other 17 are
-      untested compiled: `mosaic-tests-*row-bound*.log`), so off until they pass.
+      untested compiled: `mosaic-tests-*row-bound*.log`); at 67e6e1c 28 of the 30 (all
+      but two head-dim-256 rows). Off in the field, on in the default rows at head dims
+      64 and 128 (`BWD_ROW_BOUND`). With step_descriptors, the fused kernel in FA3's
+      order spills 280 bytes with it, 736 without (`results/mosaic-67e6e1c/`).
     step_descriptors: the dK/dV (and fused) kernel addresses the buffers that stay in
       place across its loop (the resident K and V tiles, the fused kernel's dS^T tiles)
       through an index offset that is 0 but opaque to the compiler (backward.
@@ -439,17 +442,34 @@ def default_mosaic_config(
     )
 
 
+# The backward default rows at head dims 64 and 128 mask boundary tiles from each
+# query's key bounds (`MosaicBwdConfig.row_bound_mask`, where the mask has row bounds:
+# causal and windows). Compiled at 67e6e1c it gave the tile_mask form's bits on 28 of the
+# case table's 30 rows, every row up to head dim 128 among them
+# (results/mosaic-67e6e1c/mosaic-tests-row-bound-step-desc.log); fwd+bwd beside the old
+# default 1.04x / 1.02x at head dim 64 causal 2k in two runs, 1.00x at 4k, and at 128
+# 0.96x / 1.03x at 2k, 1.01x at 4k (results/mosaic-5a15452/); the dK/dV kernel's spill
+# stores 36 bytes where they were 80 (head dim 128 causal).
+BWD_ROW_BOUND = True
+
+
 def fused_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
     """The fused backward at this head dim: two consumers splitting the dQ share's
     columns at 128, its rows (128-row query tiles) at 64. Above 128 the accumulators do
-    not fit beside a share: ValueError."""
+    not fit beside a share: ValueError. Its boundary tiles mask as the default rows' do
+    (`BWD_ROW_BOUND`; the same `probs` code as the pair's dK/dV kernel): compiled for
+    sm_90 at 67e6e1c (ptxas: 280 bytes of spill stores with step_descriptors, 736
+    without the row-bound form) and checked in GPU interpret mode; its compiled tests
+    ran before it took the row-bound form."""
     hp = padded_head_dim(head_dim)
     if hp > 128:
         raise ValueError(
             f"the fused backward does not fit at head dim {hp} (above 128): use "
             "default_mosaic_bwd_config"
         )
-    return MosaicBwdConfig(fused=True, block_q_dkv=128 if hp == 64 else 64)
+    return MosaicBwdConfig(
+        fused=True, block_q_dkv=128 if hp == 64 else 64, row_bound_mask=BWD_ROW_BOUND
+    )
 
 
 def default_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
@@ -459,7 +479,10 @@ def default_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
         # Sweep at 12-01 (B=2, T=S=8k, bf16): 128-row Q tiles through 3 slots in the
         # dK/dV kernel ran 374 / 357 TFLOP/s (full / causal) against 349 / 342 for 64-row
         # tiles through 2 (1.07x / 1.04x); the module docstring has the side-by-side run.
-        return MosaicBwdConfig(block_q_dkv=128, num_stages_dkv=3)
+        # Row-bound masks (row_bound_mask): see BWD_ROW_BOUND above.
+        return MosaicBwdConfig(block_q_dkv=128, num_stages_dkv=3, row_bound_mask=BWD_ROW_BOUND)
     if hp <= 128:
-        return MosaicBwdConfig()
+        return MosaicBwdConfig(row_bound_mask=BWD_ROW_BOUND)
+    # Head dims 192 and 256 keep tile_mask: no timing of the row-bound form there, and two
+    # of the compiled case table's rows (both head dim 256) have not run with it.
     return MosaicBwdConfig(split_dkv=True, consumers_dq=1)
