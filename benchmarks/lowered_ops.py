@@ -15,11 +15,11 @@ and schedule: the SASS (`benchmarks.ptxas --sass`, on the GPU) says what is left
 
 `--live-ins` prints instead, for each kernel's steps (innermost loops of at least
 STEP_OPS operations), the values a step reads that are computed outside it, constants
-aside, by type, after MLIR's loop-invariant code motion (`step_live_ins`): what the
-compiler will hold in registers across the steps (LLVM's own hoisting runs on the GPU;
-MLIR's is its stand-in here). 64-bit ones are wgmma descriptors and addresses: the
-fused backward in FA3's order holds 32 of them per step (the hoisted descriptors its
-SASS spills, README), and none with `step_descriptors`."""
+and what folds to them aside, by type, after MLIR's loop-invariant code motion
+(`step_live_ins`): what the compiler will hold in registers across the steps (LLVM's
+own hoisting runs on the GPU; MLIR's is its stand-in here). 64-bit ones are wgmma
+descriptors and addresses: the fused backward in FA3's order holds 32 of them per step
+(the hoisted descriptors its SASS spilled, README), and none with `step_descriptors`."""
 
 from __future__ import annotations
 
@@ -96,6 +96,25 @@ def _walk(op):
 
 _LOOPS = ("scf.for", "scf.while")
 _CONSTANTS = ("arith.constant", "llvm.mlir.constant")
+# Operations without side effects that LLVM folds when all their operands fold: a value
+# made only of these and constants (a splat's lanes, a select between equal constants,
+# an undef vector) costs no register, so it is no live-in.
+_FOLDABLE = ("arith.", "vector.", "llvm.mlir.undef", "llvm.mlir.poison", "llvm.insertelement",
+             "llvm.extractelement", "llvm.bitcast", "llvm.shufflevector")  # fmt: skip
+
+
+def _folds(op, memo: dict) -> bool:
+    """Whether `op`'s results fold to constants (memoised in `memo`)."""
+    if op not in memo:
+        memo[op] = False  # a cycle (through a block argument) does not fold
+        if op.name in _CONSTANTS:
+            memo[op] = True
+        elif op.name.startswith(_FOLDABLE) and not op.regions:
+            owners = [value.owner for value in op.operands]
+            memo[op] = all(
+                not isinstance(o, ir.Block) and _folds(o.operation, memo) for o in owners
+            )
+    return memo[op]
 
 
 def op_counts(module_bytes: bytes) -> collections.Counter:
@@ -107,7 +126,8 @@ def op_counts(module_bytes: bytes) -> collections.Counter:
 def step_live_ins(module_bytes: bytes) -> list[collections.Counter]:
     """For each step of one kernel module (an innermost loop of at least STEP_OPS
     operations), after MLIR's loop-invariant code motion: the values it reads that are
-    computed outside it, constants aside, counted by type."""
+    computed outside it, counted by type; constants, and values that fold to constants
+    (`_folds`), aside."""
     with _context() as ctx:
         module = _parse(module_bytes, ctx)
         pm = passmanager.PassManager.parse("builtin.module(loop-invariant-code-motion)", ctx)
@@ -120,14 +140,14 @@ def step_live_ins(module_bytes: bytes) -> list[collections.Counter]:
             if len(body) < STEP_OPS or any(op.name in _LOOPS for op in body):
                 continue
             inside = {loop, *body}
-            types = {}
+            types, memo = {}, {}
             for op in body:
                 for value in op.operands:
                     owner = value.owner
                     if isinstance(owner, ir.Block):  # a block argument: its region's op
                         owner = owner.owner
                     owner = owner.operation
-                    if owner not in inside and owner.name not in _CONSTANTS:
+                    if owner not in inside and not _folds(owner, memo):
                         types[value] = str(value.type)
             out.append(collections.Counter(types.values()))
         return out
