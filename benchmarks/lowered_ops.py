@@ -15,11 +15,12 @@ and schedule: the SASS (`benchmarks.ptxas --sass`, on the GPU) says what is left
 
 `--live-ins` prints instead, for each kernel's steps (innermost loops of at least
 STEP_OPS operations), the values a step reads that are computed outside it, constants
-and what folds to them aside, by type, after MLIR's loop-invariant code motion
-(`step_live_ins`): what the compiler will hold in registers across the steps (LLVM's
-own hoisting runs on the GPU; MLIR's is its stand-in here). 64-bit ones are wgmma
-descriptors and addresses: the fused backward in FA3's order holds 32 of them per step
-(the hoisted descriptors its SASS spilled, README), and none with `step_descriptors`."""
+and what folds to them aside, by type, after MLIR's common-subexpression elimination and
+loop-invariant code motion (`step_live_ins`): what the compiler will hold in registers
+across the steps (LLVM's own CSE and hoisting run on the GPU; MLIR's stand in here).
+64-bit ones are wgmma descriptors and addresses: the fused backward in FA3's order holds
+32 of them per step (the hoisted descriptors its SASS spilled, README), and none with
+`step_descriptors`."""
 
 from __future__ import annotations
 
@@ -125,12 +126,15 @@ def op_counts(module_bytes: bytes) -> collections.Counter:
 
 def step_live_ins(module_bytes: bytes) -> list[collections.Counter]:
     """For each step of one kernel module (an innermost loop of at least STEP_OPS
-    operations), after MLIR's loop-invariant code motion: the values it reads that are
-    computed outside it, counted by type; constants, and values that fold to constants
-    (`_folds`), aside."""
+    operations), after MLIR's CSE and loop-invariant code motion (duplicates merged, as
+    LLVM merges them; 32 of the fused step's 54 integer live-ins were copies): the values
+    it reads that are computed outside it, counted by type; constants, and values that
+    fold to constants (`_folds`), aside."""
     with _context() as ctx:
         module = _parse(module_bytes, ctx)
-        pm = passmanager.PassManager.parse("builtin.module(loop-invariant-code-motion)", ctx)
+        pm = passmanager.PassManager.parse(
+            "builtin.module(cse,loop-invariant-code-motion,cse)", ctx
+        )
         pm.run(module.operation)
         out = []
         for loop in _walk(module.operation):
