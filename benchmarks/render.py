@@ -458,6 +458,12 @@ _MOSAIC_BWD_FLAGS = (
 )
 
 
+def _flag_labels(c: dict, flags) -> str:
+    """A space and NAME for each (key, NAME) of `flags` set in `c` (a key is absent from
+    rows written before its flag existed)."""
+    return "".join(f" {name}" for key, name in flags if c.get(key))
+
+
 def config_label(c: dict) -> str:
     """A config in a cell. Triton: "128x64 w8 s3", or "dkv 64x64 dq 64x64 w4 s2".
     Mosaic: "64x128 s2" (block_q per warpgroup x block_kv, stages; "no-pingpong",
@@ -469,16 +475,14 @@ def config_label(c: dict) -> str:
         flags = ("" if c["schedule_barrier"] else " no-pingpong") + (
             "" if c.get("p_in_registers", True) else " p-smem"
         )
-        for key, name in _MOSAIC_FLAGS:  # absent from rows written before the flag existed
-            flags += f" {name}" if c.get(key) else ""
+        flags += _flag_labels(c, _MOSAIC_FLAGS)
         return f"{c['block_q']}x{c['block_kv']} s{c['num_stages']}{flags}"
     if "consumers_dkv" in c:
         tiles = 1 if c["split_dkv"] else c["consumers_dkv"]
         dkv = f"dkv {tiles}x{c['block_kv_dkv']} q{c['block_q_dkv']} s{c['num_stages_dkv']}"
         dq = f"dq {c['consumers_dq']}x{c['block_q_dq']} kv{c['block_kv_dq']} s{c['num_stages_dq']}"
         flags = "" if c.get("operands_in_registers", True) else " ops-smem"
-        for key, name in _MOSAIC_BWD_FLAGS:  # absent from rows written before the flag
-            flags += f" {name}" if c.get(key) else ""
+        flags += _flag_labels(c, _MOSAIC_BWD_FLAGS)
         return f"{dkv}{' split' if c['split_dkv'] else ''} {dq}{flags}"
     tail = f"w{c['num_warps']} s{c['num_stages']}"
     if "block_q" in c:

@@ -130,6 +130,16 @@ def _compare(case, config, interpret, seed: int = 0, *, with_dlse=True, mosaic_f
     return grads
 
 
+def _flag_changes_no_bit(case, config, flag: str, interpret: bool):
+    """`config` with the boolean field `flag` on and off: the same gradients, bit for
+    bit (each also within the reference's tolerance, `_compare`)."""
+    on, off = (dataclasses.replace(config, **{flag: b}) for b in (True, False))
+    seed = _seed(case)
+    chex.assert_trees_all_equal(
+        _compare(case, on, interpret, seed=seed), _compare(case, off, interpret, seed=seed)
+    )
+
+
 # Awkward shapes for interpret mode: lengths off the tiles, T != S both ways, GQA and
 # MQA, both causal alignments, windows, ragged and empty lengths, padded head dims, and
 # the dK/dV split of head dims above 128 (with one dQ warpgroup).
@@ -195,12 +205,7 @@ ROW_BOUND_CASES = [INTERPRET_CASES[i] for i in (1, 2, 3, 7)]
 def test_interpret_row_bound_mask_changes_no_bit(case):
     """`row_bound_mask` (each query's key bounds against the key iota, in both kernels)
     keeps the same elements as `masks.tile_mask`, so the gradients are the same bits."""
-    config = default_mosaic_bwd_config(case.head_dim)
-    on, off = (dataclasses.replace(config, row_bound_mask=b) for b in (True, False))
-    seed = _seed(case)
-    chex.assert_trees_all_equal(
-        _compare(case, on, interpret=True, seed=seed), _compare(case, off, True, seed=seed)
-    )
+    _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "row_bound_mask", True)
 
 
 def test_interpret_fully_masked_rows_have_zero_gradients():
@@ -355,11 +360,7 @@ def test_interpret_fused_matches_reference(case, config):
 def test_interpret_step_descriptors_change_no_bit(case, config):
     """`step_descriptors` addresses the same buffers (through an offset that is 0), so
     the gradients are the same bits."""
-    on, off = (dataclasses.replace(config, step_descriptors=b) for b in (True, False))
-    seed = _seed(case)
-    chex.assert_trees_all_equal(
-        _compare(case, on, interpret=True, seed=seed), _compare(case, off, True, seed=seed)
-    )
+    _flag_changes_no_bit(case, config, "step_descriptors", True)
 
 
 def test_interpret_fused_finds_no_data_race(capsys):
@@ -706,12 +707,7 @@ def test_gpu_never_reads_skipped_tiles():
 def test_gpu_row_bound_mask_changes_no_bit(case):
     """row_bound_mask compiled, both kernels: the same bits as the head dim's row with
     `masks.tile_mask` (and both within the reference's tolerance)."""
-    config = default_mosaic_bwd_config(case.head_dim)
-    on, off = (dataclasses.replace(config, row_bound_mask=b) for b in (True, False))
-    seed = _seed(case)
-    chex.assert_trees_all_equal(
-        _compare(case, on, interpret=False, seed=seed), _compare(case, off, False, seed=seed)
-    )
+    _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "row_bound_mask", False)
 
 
 # The fused kernel, compiled: the shared case table at head dims up to 128 (above, the
@@ -744,15 +740,11 @@ def test_gpu_fused_fa3_order_matches_reference(case):
 def test_gpu_step_descriptors_change_no_bit(case, kernels):
     """step_descriptors compiled, in the fused kernel in FA3's order (where the spills
     were) and in the pair: the same bits as without."""
-    seed = _seed(case)
     if kernels == "pair":
         config = default_mosaic_bwd_config(case.head_dim)
     else:
         config = dataclasses.replace(fused_mosaic_bwd_config(case.head_dim), fa3_order=True)
-    on, off = (dataclasses.replace(config, step_descriptors=b) for b in (True, False))
-    chex.assert_trees_all_equal(
-        _compare(case, on, interpret=False, seed=seed), _compare(case, off, False, seed=seed)
-    )
+    _flag_changes_no_bit(case, config, "step_descriptors", False)
 
 
 @pytest.mark.gpu
