@@ -465,9 +465,6 @@ def test_fused_config_validation():
     for kwargs in ({}, {"fused": True, "operands_in_registers": False}):
         with pytest.raises(ValueError, match="fa3_order needs fused=True"):
             MosaicBwdConfig(fa3_order=True, **kwargs)
-    for flag in ("dp_first", "masked_dp_first"):
-        with pytest.raises(ValueError, match="set it too"):
-            MosaicBwdConfig(fused=True, **{flag: True})
 
 
 LOWERINGS = {
@@ -604,11 +601,6 @@ FUSED_LOWERINGS = {
         128,
         dataclasses.replace(FUSED, fa3_order=True, step_descriptors=True),
         True,
-    ),
-    "h128-fa3-order-dp-first": (
-        128,
-        dataclasses.replace(FUSED, fa3_order=True, step_descriptors=True, dp_first=True),
-        False,
     ),
 }
 
@@ -753,18 +745,6 @@ def test_gpu_step_descriptors_change_no_bit(case, kernels):
     else:
         config = dataclasses.replace(fused_mosaic_bwd_config(case.head_dim), fa3_order=True)
     _flag_changes_no_bit(case, config, "step_descriptors", False)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("flag", ["dp_first", "masked_dp_first"])
-@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
-def test_gpu_dp_first_changes_no_bit(case, flag):
-    """dp_first / masked_dp_first only move a wgmma wait in the fused kernel in FA3's
-    order (with step_descriptors): the same bits as without."""
-    config = dataclasses.replace(
-        fused_mosaic_bwd_config(case.head_dim), fa3_order=True, step_descriptors=True
-    )
-    _flag_changes_no_bit(case, config, flag, False)
 
 
 @pytest.mark.gpu

@@ -326,12 +326,8 @@ def _dkdv_kernel(
             def scores(s_ref, dp_ref):
                 plgpu.wgmma(s_ref, k_tile, q_tile.transpose((1, 0)))  # s^T = k @ q.T
                 plgpu.wgmma(dp_ref, v_tile, do_tile.transpose((1, 0)))  # dp^T = v @ do.T
-                # wgmma groups complete in order: S^T is in, dP^T runs beside the exp2
-                # (unless `dp_first` or, in a masked step, `masked_dp_first`: then both
-                # are in, and no wgmma is in flight while the exp2 holds its registers).
-                dp_first = config.dp_first or (masked and config.masked_dp_first)
-                s_t = plgpu.wgmma_accumulator_load(s_ref, wait_n=0 if dp_first else 1)
-                p_t = probs(s_t, i, slot, masked)
+                # wgmma groups complete in order: S^T is in, dP^T runs beside the exp2.
+                p_t = probs(plgpu.wgmma_accumulator_load(s_ref, wait_n=1), i, slot, masked)
                 return p_t.astype(dtype), dscores(p_t, dp_ref[...], slot)
 
             p_t, ds_t = pl.run_scoped(scores, *(plgpu.ACC(shape, jnp.float32),) * 2)
@@ -655,10 +651,7 @@ def backward(
     if interpret is True:
         interpret = plgpu.InterpretGPUParams()
     if interpret is not False:  # the interpreter's wgmma reads shared memory only
-        config = dataclasses.replace(
-            config, operands_in_registers=False, fa3_order=False, dp_first=False,
-            masked_dp_first=False,
-        )  # fmt: skip
+        config = dataclasses.replace(config, operands_in_registers=False, fa3_order=False)
 
     # One padded length serves both kernels: whole dK/dV query tiles and dQ CTAs, whole
     # dK/dV CTAs and dQ key tiles.

@@ -314,14 +314,6 @@ class MosaicBwdConfig:
       the pair (410.2 / 457.0 non-causal), which it leaves where it was (1.00x / 1.01x
       non-causal, 0.97x / 1.00x causal, though its dK/dV kernel spills 16 bytes where
       it spilled 80).
-    dp_first: fa3_order, but each step awaits dP^T's wgmma with S^T's, before the
-      exp2, rather than running the exp2 beside it: while a wgmma is in flight ptxas
-      cannot spill the registers around it, and where it runs short it serializes every
-      wgmma of the kernel (its warning C7512, which the fused kernel in FA3's order has
-      at head dim 128 causal, README). The other consumer's wgmmas still fill the
-      tensor cores meanwhile.
-    masked_dp_first: the same in the masked steps only, where the mask's values (its
-      iotas and bounds, held across the loop) add to the registers the exp2 needs.
     """
 
     block_q_dkv: int = 64
@@ -338,8 +330,6 @@ class MosaicBwdConfig:
     fa3_order: bool = False
     row_bound_mask: bool = False
     step_descriptors: bool = False
-    dp_first: bool = False
-    masked_dp_first: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
@@ -356,8 +346,6 @@ class MosaicBwdConfig:
             raise ValueError(f"split_dkv needs consumers_dkv=2, not {self.consumers_dkv}")
         if self.fused and self.split_dkv:
             raise ValueError("fused needs split_dkv=False: each consumer owns a key tile")
-        if (self.dp_first or self.masked_dp_first) and not self.fa3_order:
-            raise ValueError("dp_first and masked_dp_first order fa3_order's steps: set it too")
         if self.fa3_order and not (self.fused and self.operands_in_registers):
             raise ValueError(
                 "fa3_order needs fused=True and operands_in_registers=True (it orders the "
