@@ -14,7 +14,9 @@ warpgroups' register budgets itself (setmaxnreg), so a spill here means some war
 holds more than its budget: the first thing to rule out when a kernel is slower than
 its matmul count says (the fused backward, README). With --sass it also keeps each
 child's SASS and adds to each kernel its local loads and stores by register budget
-(`spill_regions`) and its loops' instruction mix and stack traffic (`sass_loops`);
+(`spill_regions`), its wgmmas and the groups they are issued in (`wgmma_groups`: one
+per instruction where ptxas serialized them) and its loops' instruction mix and stack
+traffic (`sass_loops`);
 `--read FILE.sass` prints those again from a kept file, on any machine. The SASS is Mosaic
 GPU's own (MOSAIC_GPU_DUMP_SASS=1, which runs nvdisasm from the CUDA root it found) or,
 where that printed none (on the H200 machine at 336cd0b: no nvdisasm there), the
@@ -232,6 +234,27 @@ def sass_loops(sass: str) -> dict[str, list[dict]]:
     return {fn: _loops(lines) for fn, lines in _sass_functions(sass).items()}
 
 
+_SASS_WGMMA = re.compile(r"\bHGMMA\.[^;]*;")
+_SASS_GROUP_END = re.compile(r"\bgsb0\s*;")
+
+
+def wgmma_groups(sass: str) -> dict[str, dict[str, int]]:
+    """Per SASS function, its wgmmas (HGMMA instructions) and the groups they form: the
+    HGMMAs that carry `gsb0`, each one closing a group that a later `WARPGROUP.DEPBAR`
+    awaits. A 64 x N x K matmul is K / 16 HGMMAs and, issued as one group, one `gsb0`;
+    where ptxas serializes the wgmmas (its warning C7512) every HGMMA carries it and is
+    awaited before the next is issued, so groups == wgmmas says no matmul overlaps
+    anything, not even the next 16 columns of its own K (at 67e6e1c the fused backward at
+    head dim 128: 192 of 192; the pair's dK/dV kernel 72 in 12 groups, README)."""
+    out = {}
+    for fn, lines in _sass_functions(sass).items():
+        wgmmas = [line for line in lines if _SASS_WGMMA.search(line)]
+        if wgmmas:
+            ends = sum(bool(_SASS_GROUP_END.search(line)) for line in wgmmas)
+            out[fn] = dict(wgmmas=len(wgmmas), groups=ends)
+    return out
+
+
 def print_steps(loops: list[dict] | None) -> None:
     """The innermost loops (a kernel's steps) of `sass_loops`, a line each."""
     for loop in [lp for lp in loops or [] if lp["innermost"]]:
@@ -248,9 +271,10 @@ def read(path: str) -> None:
     function's spills by register budget and its steps, as the compiling run prints them."""
     with open(path) as f:
         sass = f.read()
-    regions, loops = spill_regions(sass), sass_loops(sass)
+    regions, loops, groups = spill_regions(sass), sass_loops(sass), wgmma_groups(sass)
     for fn in loops:
         print(f"  {fn[:70]}\n    local memory by budget: {regions.get(fn)}", flush=True)
+        print(f"    wgmmas: {groups.get(fn)}", flush=True)
         print_steps(loops[fn])
 
 
@@ -386,9 +410,11 @@ def main(argv=None) -> int:
                         with open(os.path.join(args.sass, name + ".sass"), "w") as f:
                             f.write(sass)
                         regions, loops = spill_regions(sass), sass_loops(sass)
+                        groups = wgmma_groups(sass)
                         for kern in row["kernels"]:
                             kern["spill_regions"] = regions.get(kern["kernel"])
                             kern["loops"] = loops.get(kern["kernel"])
+                            kern["wgmma_groups"] = groups.get(kern["kernel"])
                     if proc.returncode:
                         row["error"] = f"exit {proc.returncode}: {proc.stderr[-300:]}"
                     elif not row["kernels"]:
@@ -409,6 +435,8 @@ def main(argv=None) -> int:
                         print(f"    {warning[:160]}", flush=True)
                     if kern.get("spill_regions"):
                         print(f"    local memory by budget: {kern['spill_regions']}", flush=True)
+                    if kern.get("wgmma_groups"):
+                        print(f"    wgmmas: {kern['wgmma_groups']}", flush=True)
                     print_steps(kern.get("loops"))
                 if args.out:
                     with open(args.out, "a") as f:

@@ -234,6 +234,28 @@ def test_ptxas_report_parses_per_kernel():
     assert ptxas.shape(64, True).heads == 32
 
 
+def test_ptxas_wgmma_groups_tell_serialized_from_grouped():
+    """wgmma_groups: a 64 x 64 x 32 matmul issued as one group (two HGMMAs, one gsb0)
+    against the same matmul serialized (each HGMMA closes its group and is awaited)."""
+    from benchmarks import ptxas
+
+    def fn(name, body):
+        head = [f"//--------------------- .text.{name} ---", f".text.{name}:"]
+        return head + [
+            f"        /*{16 * i:04x}*/                   {op} ;" for i, op in enumerate(body)
+        ]
+
+    hgmma = "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24"
+    grouped = ["WARPGROUP.ARRIVE", hgmma, hgmma + ", gsb0", "FFMA R4, R4, R5, R6",
+               "WARPGROUP.DEPBAR.LE gsb0, 0x0"]  # fmt: skip
+    serial = ["WARPGROUP.ARRIVE", hgmma + ", gsb0", "WARPGROUP.DEPBAR.LE gsb0, 0x0"] * 2
+    sass = "\n".join(fn("pair", grouped) + fn("fused", serial) + fn("copy", ["EXIT"]))
+    assert ptxas.wgmma_groups(sass) == {
+        "pair": dict(wgmmas=2, groups=1),
+        "fused": dict(wgmmas=2, groups=2),
+    }
+
+
 def test_ptxas_stack_traffic_of_a_step(tmp_path, capsys):
     """A step's stack traffic: a 64-bit reload bound for R2UR (a descriptor held across
     the loop), a spill and its reload within the step, and a reload read by an IMAD."""

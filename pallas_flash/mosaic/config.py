@@ -289,7 +289,8 @@ class MosaicBwdConfig:
       (`ptxas-row-bound.jsonl`). Compiled, 13 of the case table's 30 rows gave the
       default's bits before the call's time ran out (none differed; the other 17 are
       untested compiled: `mosaic-tests-*row-bound*.log`); at 67e6e1c 28 of the 30 (all
-      but two head-dim-256 rows). Off in the field, on in the default rows at head dims
+      but two head-dim-256 rows), and at 47a46be those two as well (30 of 30,
+      `results/mosaic-47a46be/`). Off in the field, on in the default rows at head dims
       64 and 128 (`BWD_ROW_BOUND`). With step_descriptors, the fused kernel in FA3's
       order spills 280 bytes with it, 736 without (`results/mosaic-67e6e1c/`).
     step_descriptors: the dK/dV (and fused) kernel addresses the buffers that stay in
@@ -313,7 +314,12 @@ class MosaicBwdConfig:
       1.11x), 198.4 -> 232.7 and 228.2 -> 270.5 causal (1.17x / 1.19x); still below
       the pair (410.2 / 457.0 non-causal), which it leaves where it was (1.00x / 1.01x
       non-causal, 0.97x / 1.00x causal, though its dK/dV kernel spills 16 bytes where
-      it spilled 80).
+      it spilled 80). Compiled, the fused kernel's gradients are bitwise the same with
+      and without it on all 25 of its case-table rows (at 67e6e1c and 47a46be,
+      `results/mosaic-*/mosaic-tests-*step-desc*.log`). What the spills bought back
+      ptxas takes elsewhere: with it, every one of the fused kernel's 192 wgmmas is its
+      own group, awaited before the next is issued (C7512; at 9f95796, without it, they
+      ran in 36 groups; `python -m benchmarks.ptxas --read FILE.sass`, wgmma_groups).
     """
 
     block_q_dkv: int = 64
@@ -444,12 +450,17 @@ def default_mosaic_config(
 
 # The backward default rows at head dims 64 and 128 mask boundary tiles from each
 # query's key bounds (`MosaicBwdConfig.row_bound_mask`, where the mask has row bounds:
-# causal and windows). Compiled at 67e6e1c it gave the tile_mask form's bits on 28 of the
-# case table's 30 rows, every row up to head dim 128 among them
-# (results/mosaic-67e6e1c/mosaic-tests-row-bound-step-desc.log); fwd+bwd beside the old
-# default 1.04x / 1.02x at head dim 64 causal 2k in two runs, 1.00x at 4k, and at 128
-# 0.96x / 1.03x at 2k, 1.01x at 4k (results/mosaic-5a15452/); the dK/dV kernel's spill
-# stores 36 bytes where they were 80 (head dim 128 causal).
+# causal and windows). Compiled, it gives the tile_mask form's bits on all 30 of the case
+# table's rows (28 at 67e6e1c, the two head-dim-256 rows at 47a46be;
+# results/mosaic-*/mosaic-tests-*.log); the dK/dV kernel's spill stores 36 bytes where
+# they were 80 (head dim 128 causal). Speed: as a variant, fwd+bwd 1.04x / 1.02x at head
+# dim 64 causal 2k in two runs, 1.00x at 4k, and at 128 0.96x / 1.03x at 2k, 1.01x at 4k
+# (results/mosaic-5a15452/); as the default beside `row_bound_mask=false` at 0332c92
+# (results/mosaic-0332c92/fa-{64,128}-true-rowbound-default.jsonl; bf16, B x T = 16k;
+# the variant turns the forward's row-bound mask off too, the field being shared),
+# 1.01x / 1.00x at head dim 64 causal 2k / 4k (301.6 / 348.7 TFLOP/s against 297.7 /
+# 347.7) and 1.00x / 0.99x at 128 (410.9 / 439.5 against 410.7 / 442.8): level, within
+# the runs' noise, and it stays for the smaller spills.
 BWD_ROW_BOUND = True
 
 
@@ -459,8 +470,10 @@ def fused_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
     not fit beside a share: ValueError. Its boundary tiles mask as the default rows' do
     (`BWD_ROW_BOUND`; the same `probs` code as the pair's dK/dV kernel): compiled for
     sm_90 at 67e6e1c (ptxas: 280 bytes of spill stores with step_descriptors, 736
-    without the row-bound form) and checked in GPU interpret mode; its compiled tests
-    ran before it took the row-bound form."""
+    without the row-bound form) and checked in GPU interpret mode; compiled with it, in
+    FA3's order, it passed the reference on all 25 of its case-table rows at 47a46be
+    (test_gpu_step_descriptors_change_no_bit, fused-fa3), the fused default's own
+    reference tests having run before it took the row-bound form."""
     hp = padded_head_dim(head_dim)
     if hp > 128:
         raise ValueError(
@@ -483,6 +496,6 @@ def default_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
         return MosaicBwdConfig(block_q_dkv=128, num_stages_dkv=3, row_bound_mask=BWD_ROW_BOUND)
     if hp <= 128:
         return MosaicBwdConfig(row_bound_mask=BWD_ROW_BOUND)
-    # Head dims 192 and 256 keep tile_mask: no timing of the row-bound form there, and two
-    # of the compiled case table's rows (both head dim 256) have not run with it.
+    # Head dims 192 and 256 keep tile_mask: the row-bound form gives its bits on the compiled
+    # case table's head-dim-256 rows too (47a46be), but it has not been timed there.
     return MosaicBwdConfig(split_dkv=True, consumers_dq=1)
