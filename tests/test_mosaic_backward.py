@@ -344,8 +344,12 @@ FUSED_CASES = [
 ]
 
 
+@pytest.mark.parametrize("query_rows", [False, True], ids=["keys-rows", "query-rows"])
 @pytest.mark.parametrize("case,config", FUSED_CASES, ids=lambda x: getattr(x, "id", None))
-def test_interpret_fused_matches_reference(case, config):
+def test_interpret_fused_matches_reference(case, config, query_rows):
+    """Both orientations of the fused step: S^T (keys on the rows) and, with
+    `query_rows`, S (P and dS through shared memory)."""
+    config = dataclasses.replace(config, query_rows=query_rows)
     _compare(case, config, interpret=True, seed=_seed(case))
 
 
@@ -363,7 +367,8 @@ def test_interpret_step_descriptors_change_no_bit(case, config):
     _flag_changes_no_bit(case, config, "step_descriptors", True)
 
 
-def test_interpret_fused_finds_no_data_race(capsys):
+@pytest.mark.parametrize("query_rows", [False, True], ids=["keys-rows", "query-rows"])
+def test_interpret_fused_finds_no_data_race(capsys, query_rows):
     """The race detector (as test_interpret_finds_no_data_race) over the fused kernel's
     own buffers too: the one dS^T buffer both consumers read and the two share slots
     the writer empties. It does flag the interpreted writer's read-add-store of dQ in
@@ -374,7 +379,8 @@ def test_interpret_fused_finds_no_data_race(capsys):
 
     params = plgpu.InterpretGPUParams(detect_races=True)
     case = Case(1, 200, 190, 1, 1, 128, BF16, causal=True)
-    _compare(case, FUSED, interpret=params, with_dlse=False)
+    config = dataclasses.replace(FUSED, query_rows=query_rows)  # P and dS share a tile
+    _compare(case, config, interpret=params, with_dlse=False)
     races = capsys.readouterr().out.split("RACE DETECTED")[1:]
     assert bool(races) == gpu_callbacks.get_races().races_found
     for race in races:  # both sides are the interpreted writer's dQ accesses
@@ -465,6 +471,14 @@ def test_fused_config_validation():
     for kwargs in ({}, {"fused": True, "operands_in_registers": False}):
         with pytest.raises(ValueError, match="fa3_order needs fused=True"):
             MosaicBwdConfig(fa3_order=True, **kwargs)
+    with pytest.raises(ValueError, match="needs fused=True"):
+        MosaicBwdConfig(query_rows=True)
+    with pytest.raises(ValueError, match="pick one"):
+        MosaicBwdConfig(fused=True, fa3_order=True, query_rows=True)
+    # No staging buffer: P and dS reach their wgmmas from the consumer's own tile.
+    staged = dataclasses.replace(FUSED, operands_in_registers=False)
+    rows = dataclasses.replace(staged, query_rows=True)
+    assert staged.smem_bytes_dkv(128) - rows.smem_bytes_dkv(128) == 2 * 64 * 64 * 2
 
 
 LOWERINGS = {
@@ -602,6 +616,14 @@ FUSED_LOWERINGS = {
         dataclasses.replace(FUSED, fa3_order=True, step_descriptors=True),
         True,
     ),
+    "h128-query-rows-step-descriptors": (
+        128,
+        dataclasses.replace(FUSED, query_rows=True, step_descriptors=True),
+        False,
+    ),
+    "h64-rows-query-rows-segments": (64, dataclasses.replace(FUSED_ROWS, query_rows=True), True),
+    # Without step_descriptors the tile's index is static: it must lower too.
+    "h128-query-rows": (128, dataclasses.replace(FUSED, query_rows=True), False),
 }
 
 
@@ -732,6 +754,17 @@ def test_gpu_fused_fa3_order_matches_reference(case):
         case, dataclasses.replace(config, fa3_order=True), interpret=False, seed=_seed(case)
     )
     chex.assert_trees_all_equal(fa3, _compare(case, config, False, seed=_seed(case)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
+def test_gpu_fused_query_rows_matches_reference(case):
+    """The fused step with the queries on the rows (`query_rows`), compiled: P and dS
+    through shared memory, dS computed beside dV's wgmma (its GPU-only path)."""
+    config = dataclasses.replace(
+        fused_mosaic_bwd_config(case.head_dim), query_rows=True, step_descriptors=True
+    )
+    _compare(case, config, interpret=False, seed=_seed(case))
 
 
 @pytest.mark.gpu

@@ -44,7 +44,10 @@ a fourth warpgroup adds the slices to a float32 dQ in increasing key span, the o
 held by a global semaphore per query tile (mosaic/dq_adds.py), and XLA scales and casts
 the sum. Fused, each head's query tiles are walked from the last down, so that the
 CTAs of neighbouring spans reach a tile at about the same step and their ordered adds
-do not wait on each other's tails.
+do not wait on each other's tails. Its step comes in three forms: the plain one (every
+group of wgmmas awaited before the next work), FA3's order over S^T (`fa3_step`), and
+FA3's orientation, the queries on the rows with P and dS through shared memory
+(`rows_step`, `MosaicBwdConfig.query_rows`).
 
 Scores are in base 2 (log2(e) folded into the scale) and the logsumexp arrives in base
 2 with +inf on rows that see no key (`logits.backward_stats`), so P = exp2(S c - lse2)
@@ -350,6 +353,64 @@ def _dkdv_kernel(
             plgpu.barrier_arrive(free.at[slot])
             return dv, dk
 
+        rshape = (bq, bk)  # query_rows: S and its kin with the queries on the rows
+
+        def rows_step(i, carry, *, step, slot, q_tile, do_tile, k_tile, v_tile, z, masked: bool):
+            """One fused step with the queries on the rows (`MosaicBwdConfig.query_rows`,
+            FA3's orientation): S = Q K^T and dP = dO V^T [bq, bk], so the row statistics
+            lse and D are two values a thread (a column's were 16); P and then dS pass
+            through the consumer's shared-memory tile into dV = P^T dO and dK = dS^T Q
+            (no wgmma operand in registers), and the dQ share reads dS there as it is."""
+            # [bq, bk]: this step's P, then its dS. Indexed where it is used: a ref
+            # indexed outside pl.run_state and closed over fails to lower there.
+            tile = lambda: fused_scratch["ds"].at[w + z]  # noqa: E731
+            s_, dp = _products([(q_tile, k_tile.transpose((1, 0))),
+                                (do_tile, v_tile.transpose((1, 0)))], rshape)  # fmt: skip
+            lse2 = plgpu.load(lse_smem.at[slot], layout=_ROW)  # [bq], base 2, +inf if empty
+            p = jnp.exp2(s_ * c - _bcast(lse2, rshape, 0))
+            if masked:
+                keys = plgpu.broadcasted_iota(jnp.int32, rshape, 1, layout=plgpu.Layout.WGMMA)
+                segs = None
+                if q_seg_ref is not None:
+                    q_segs = plgpu.load(q_seg_smem.at[slot], layout=_ROW)  # [bq]
+                    segs = (_bcast(q_segs, rshape, 0), _bcast(k_segs, rshape, 1))
+                keep = element_mask(
+                    spec, config.row_bound_mask, i * bq, keys, kw0, kv_len, diag, 0, segs
+                )
+                p = jnp.where(keep, p, 0.0)
+            delta = plgpu.load(delta_smem.at[slot], layout=_ROW)  # [bq]
+
+            # The tile is free once every consumer's share of the last step has read it.
+            @pl.when(step > 0)
+            def _():
+                plgpu.barrier_wait(fused_scratch["ds_free"])
+
+            tile()[...] = p.astype(dtype)
+            plgpu.commit_smem()  # visible to the wgmma's async reads
+            if config.operands_in_registers:  # compiled: in place, dS computed beside dV
+
+                def products(refs):
+                    dv_ref, dk_ref = refs
+                    plgpu.wgmma(dv_ref, tile().transpose((1, 0)), do_tile)  # dv += p^T @ do
+                    ds = (p * (dp - _bcast(delta, rshape, 0))).astype(dtype)
+                    plgpu.wgmma_wait(0)  # dV has read P: the tile takes dS
+                    tile()[...] = ds
+                    plgpu.commit_smem()
+                    plgpu.barrier_arrive(fused_scratch["ds_ready"])
+                    plgpu.wgmma(dk_ref, tile().transpose((1, 0)), q_tile)  # dk += ds^T @ q
+
+                dv, dk = pl.run_state(products)(tuple(plgpu.ACC.init(x) for x in carry))
+            else:  # GPU interpret mode: fresh accumulators, added (module doc)
+                (pv,) = _products([(tile().transpose((1, 0)), do_tile)], carry[0].shape)
+                tile()[...] = (p * (dp - _bcast(delta, rshape, 0))).astype(dtype)
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(fused_scratch["ds_ready"])
+                (sq,) = _products([(tile().transpose((1, 0)), q_tile)], carry[1].shape)
+                dv, dk = carry[0] + pv, carry[1] + sq
+            plgpu.barrier_arrive(free.at[slot])
+            dq_adds.dq_share(fused_scratch, step, w, k_smem, part, z, query_rows=True)
+            return dv, dk
+
         def step_operands(step):
             """This step's K and V tiles, and the index offset `z` (0) of the buffers that
             stay in place. With `config.step_descriptors` they are addressed through
@@ -368,6 +429,11 @@ def _dkdv_kernel(
             plgpu.barrier_wait(q_ready.at[slot])
             plgpu.barrier_wait(do_ready.at[slot])  # every consumer sees every phase
             k_tile, v_tile, z = step_operands(step)
+            if config.query_rows:
+                return rows_step(
+                    i, carry, step=step, slot=slot, q_tile=q_tile, do_tile=do_tile,
+                    k_tile=k_tile, v_tile=v_tile, z=z, masked=masked,
+                )  # fmt: skip
             if config.fa3_order:
                 return fa3_step(
                     i, carry, step=step, slot=slot, q_tile=q_tile, do_tile=do_tile,
@@ -403,7 +469,8 @@ def _dkdv_kernel(
         )
         plgpu.barrier_wait(kv_ready)
         if kv_seg_ref is not None:
-            k_segs = plgpu.load(kv_seg_smem.at[t], layout=_ROW)  # [bk]: the tile's key ids
+            # [bk]: the tile's key ids, along the rows of S^T (or the columns of S)
+            k_segs = plgpu.load(kv_seg_smem.at[t], layout=_COL if config.query_rows else _ROW)
         accs = lax.fori_loop(0, group, per_head, (zeros,) * (does_dv + does_dk))
         if config.split_dkv:  # K and V are read by both warpgroups until both are done
             plgpu.barrier_arrive(done)
@@ -686,7 +753,8 @@ def backward(
         interpret=None if interpret is False else interpret,
         thread_name="wg",
     )
-    staged = not config.operands_in_registers
+    # Staging for products from registers (GPU interpret mode); query_rows has none.
+    staged = not config.operands_in_registers and not config.query_rows
 
     # dK, dV: one CTA per (key/value head, key span, batch).
     bq, bk, stages = config.block_q_dkv, config.block_kv_dkv, config.num_stages_dkv

@@ -320,6 +320,15 @@ class MosaicBwdConfig:
       ptxas takes elsewhere: with it, every one of the fused kernel's 192 wgmmas is its
       own group, awaited before the next is issued (C7512; at 9f95796, without it, they
       ran in 36 groups; `python -m benchmarks.ptxas --read FILE.sass`, wgmma_groups).
+    query_rows: fused: each step in FlashAttention-3's orientation, the queries on the
+      rows (backward.rows_step): S = Q K^T and dP = dO V^T rather than their transposes,
+      so that a thread holds 2 of the row statistics lse and D where a column's took 16
+      (32 registers in all); P and then dS pass through the consumer's dS tile in shared
+      memory into dV = P^T dO and dK = dS^T Q (no wgmma operand in registers, no staging
+      buffer), dS computed beside dV's wgmma; the dQ share reads dS in place. Meant to
+      take the consumers under the registers at which ptxas serializes every wgmma of
+      the S^T step (C7512, README). Checked in GPU interpret mode (the reference, no
+      data race); lowered for sm_90 on CPU; not yet compiled on the H200, so off.
     """
 
     block_q_dkv: int = 64
@@ -336,6 +345,7 @@ class MosaicBwdConfig:
     fa3_order: bool = False
     row_bound_mask: bool = False
     step_descriptors: bool = False
+    query_rows: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
@@ -352,6 +362,10 @@ class MosaicBwdConfig:
             raise ValueError(f"split_dkv needs consumers_dkv=2, not {self.consumers_dkv}")
         if self.fused and self.split_dkv:
             raise ValueError("fused needs split_dkv=False: each consumer owns a key tile")
+        if self.query_rows and not self.fused:
+            raise ValueError("query_rows orders the fused kernel's step: it needs fused=True")
+        if self.query_rows and self.fa3_order:
+            raise ValueError("query_rows and fa3_order are two orders of the fused step: pick one")
         if self.fa3_order and not (self.fused and self.operands_in_registers):
             raise ValueError(
                 "fa3_order needs fused=True and operands_in_registers=True (it orders the "
@@ -383,7 +397,9 @@ class MosaicBwdConfig:
         bq, bk, stages = self.block_q_dkv, self.block_kv_dkv, self.num_stages_dkv
         kv = 2 * self.key_tiles_dkv * bk * head_dim * itemsize
         ring = stages * (2 * bq * head_dim * itemsize + 2 * bq * 4)
-        staged = 0 if self.operands_in_registers else self.consumers_dkv * bk * bq * itemsize
+        staged = self.consumers_dkv * bk * bq * itemsize
+        if self.operands_in_registers or self.query_rows:  # no staging buffer
+            staged = 0
         barriers = 8 * (3 * stages + 2)
         if self.fused:  # the dS^T tiles, and two steps of float32 dQ shares
             c = self.consumers_dkv

@@ -98,7 +98,10 @@ def scratch(config: MosaicBwdConfig, head_dim: int, dtype, transforms, interpret
     rows, cols = config.dq_part(head_dim)
     f32 = (plgpu.TilingTransform((8, SWIZZLE // 4)), plgpu.SwizzleTransform(SWIZZLE))
     out = dict(
-        ds=plgpu.SMEM((c, bk, bq), dtype, transforms=transforms),
+        # dS^T [bk, bq] each, or with query_rows P and then dS [bq, bk]
+        ds=plgpu.SMEM(
+            (c, bq, bk) if config.query_rows else (c, bk, bq), dtype, transforms=transforms
+        ),
         share=plgpu.SMEM((SLOTS, c, rows, cols), jnp.float32, transforms=f32),
         ds_ready=plgpu.Barrier(num_arrivals=c),
         ds_free=plgpu.Barrier(num_arrivals=c),
@@ -125,37 +128,41 @@ def share_ds(s, step, w: int, ds_t):
     plgpu.barrier_arrive(s["ds_ready"])
 
 
-def share_pairs(s, w: int, k_smem, part: tuple[int, int], z=0):
+def share_pairs(s, w: int, k_smem, part: tuple[int, int], z=0, query_rows: bool = False):
     """The (A, B) shared-memory operands of consumer `w`'s slice of the dQ share,
     dS @ K over every key tile of the CTA ([rows, cols] from each pair); their tiles
-    indexed with the offset `z` (0: MosaicBwdConfig.step_descriptors)."""
+    indexed with the offset `z` (0: MosaicBwdConfig.step_descriptors). The tiles hold
+    dS^T, or dS itself with `query_rows`."""
     rows, cols = part
     pairs = []
     for t in range(s["ds"].shape[0]):
-        ds_t, k_t = s["ds"].at[t + z], k_smem.at[t + z]  # [bk, bq], [bk, hp]
-        if rows < ds_t.shape[1]:
-            ds_t = ds_t.at[:, pl.ds(w * rows, rows)]
+        ds, k_t = s["ds"].at[t + z], k_smem.at[t + z]  # [bq, bk] (or [bk, bq]), [bk, hp]
+        if query_rows:
+            ds = ds.at[pl.ds(w * rows, rows), :] if rows < ds.shape[0] else ds
+        else:  # dS^T: its query columns sliced, then read transposed
+            ds = ds.at[:, pl.ds(w * rows, rows)] if rows < ds.shape[1] else ds
+            ds = ds.transpose((1, 0))
         if cols < k_t.shape[1]:
             k_t = k_t.at[:, pl.ds(w * cols, cols)]
-        pairs.append((ds_t.transpose((1, 0)), k_t))  # ds @ k: [rows, cols]
+        pairs.append((ds, k_t))  # ds @ k: [rows, cols]
     return pairs
 
 
-def issue_share(s, w: int, k_smem, part: tuple[int, int], acc_ref, z=0):
+def issue_share(s, w: int, k_smem, part: tuple[int, int], acc_ref, z=0, query_rows=False):
     """Issues consumer `w`'s slice of this step's dQ share into `acc_ref` (float32
     [rows, cols], unscaled: backward.py scales the sum), once every consumer's dS^T is
     in; the caller awaits the wgmmas."""
     plgpu.barrier_wait(s["ds_ready"])  # every consumer's dS^T is in
-    for a, b in share_pairs(s, w, k_smem, part, z):
+    for a, b in share_pairs(s, w, k_smem, part, z, query_rows):
         plgpu.wgmma(acc_ref, a, b)
 
 
-def dq_share(s, step, w: int, k_smem, part: tuple[int, int], z=0):
+def dq_share(s, step, w: int, k_smem, part: tuple[int, int], z=0, query_rows=False):
     """Consumer `w`'s slice of this step's dQ share, computed alone (after dK's and dV's
     wait) and handed to the writer."""
 
     def mma(acc_ref):
-        issue_share(s, w, k_smem, part, acc_ref, z)
+        issue_share(s, w, k_smem, part, acc_ref, z, query_rows)
         return acc_ref[...]  # awaits the wgmmas
 
     hand_share(s, step, w, pl.run_scoped(mma, plgpu.ACC(part, jnp.float32)))
