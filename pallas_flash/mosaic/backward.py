@@ -299,25 +299,30 @@ def _dkdv_kernel(
         c = scale * LOG2E  # base-2 scores: log2(e) folded into the scale
         shape = (bk, bq)  # S^T and its kin: keys on the rows, queries on the columns
 
-        def probs(s_t, i, slot, masked: bool):
-            """P^T [bk, bq] (float32) of the step's scores S^T, masked where the tile needs it."""
-            lse2 = plgpu.load(lse_smem.at[slot], layout=_COL)  # [bq], base 2, +inf if empty
-            p_t = jnp.exp2(s_t * c - _bcast(lse2, shape, 1))  # [bk, bq]
+        def probs(s_t, i, slot, masked: bool, query_dim: int = 1):
+            """P^T [bk, bq] (float32) of the step's scores S^T, masked where the tile needs
+            it; with `query_dim` 0, P [bq, bk] of S (`query_rows`)."""
+            layout = _COL if query_dim == 1 else _ROW  # one value per query
+            tile_shape, key_dim = s_t.shape, 1 - query_dim
+            lse2 = plgpu.load(lse_smem.at[slot], layout=layout)  # [bq], base 2, +inf if empty
+            p_t = jnp.exp2(s_t * c - _bcast(lse2, tile_shape, query_dim))
             if not masked:  # the structural masks cut this tile (full tiles skip this work)
                 return p_t
-            keys = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
+            keys = plgpu.broadcasted_iota(jnp.int32, tile_shape, key_dim, layout=plgpu.Layout.WGMMA)
             segs = None
-            if q_seg_ref is not None:  # (query ids, key ids), both [bk, bq]
-                q_segs = plgpu.load(q_seg_smem.at[slot], layout=_COL)  # [bq]
-                segs = (_bcast(q_segs, shape, 1), _bcast(k_segs, shape, 0))
+            if q_seg_ref is not None:  # (query ids, key ids), both tile-shaped
+                q_segs = plgpu.load(q_seg_smem.at[slot], layout=layout)  # [bq]
+                segs = (_bcast(q_segs, tile_shape, query_dim), _bcast(k_segs, tile_shape, key_dim))
             keep = element_mask(
-                spec, config.row_bound_mask, i * bq, keys, kw0, kv_len, diag, 1, segs
+                spec, config.row_bound_mask, i * bq, keys, kw0, kv_len, diag, query_dim, segs
             )
             return jnp.where(keep, p_t, 0.0)
 
-        def dscores(p_t, dp_t, slot):  # dS^T = P^T (dP^T - D), in the inputs' dtype
-            delta = plgpu.load(delta_smem.at[slot], layout=_COL)  # [bq]
-            return (p_t * (dp_t - _bcast(delta, shape, 1))).astype(dtype)  # [bk, bq]
+        def dscores(p_t, dp_t, slot, query_dim: int = 1):
+            """dS^T = P^T (dP^T - D) (or, with `query_dim` 0, dS), in the inputs' dtype."""
+            layout = _COL if query_dim == 1 else _ROW
+            delta = plgpu.load(delta_smem.at[slot], layout=layout)  # [bq]
+            return (p_t * (dp_t - _bcast(delta, p_t.shape, query_dim))).astype(dtype)
 
         def fa3_step(i, carry, *, step, slot, q_tile, do_tile, k_tile, v_tile, z, masked: bool):
             """One fused step in FlashAttention-3's order (`MosaicBwdConfig.fa3_order`):
@@ -366,19 +371,7 @@ def _dkdv_kernel(
             tile = lambda: fused_scratch["ds"].at[w + z]  # noqa: E731
             s_, dp = _products([(q_tile, k_tile.transpose((1, 0))),
                                 (do_tile, v_tile.transpose((1, 0)))], rshape)  # fmt: skip
-            lse2 = plgpu.load(lse_smem.at[slot], layout=_ROW)  # [bq], base 2, +inf if empty
-            p = jnp.exp2(s_ * c - _bcast(lse2, rshape, 0))
-            if masked:
-                keys = plgpu.broadcasted_iota(jnp.int32, rshape, 1, layout=plgpu.Layout.WGMMA)
-                segs = None
-                if q_seg_ref is not None:
-                    q_segs = plgpu.load(q_seg_smem.at[slot], layout=_ROW)  # [bq]
-                    segs = (_bcast(q_segs, rshape, 0), _bcast(k_segs, rshape, 1))
-                keep = element_mask(
-                    spec, config.row_bound_mask, i * bq, keys, kw0, kv_len, diag, 0, segs
-                )
-                p = jnp.where(keep, p, 0.0)
-            delta = plgpu.load(delta_smem.at[slot], layout=_ROW)  # [bq]
+            p = probs(s_, i, slot, masked, query_dim=0)
 
             # The tile is free once every consumer's share of the last step has read it.
             @pl.when(step > 0)
@@ -392,7 +385,7 @@ def _dkdv_kernel(
                 def products(refs):
                     dv_ref, dk_ref = refs
                     plgpu.wgmma(dv_ref, tile().transpose((1, 0)), do_tile)  # dv += p^T @ do
-                    ds = (p * (dp - _bcast(delta, rshape, 0))).astype(dtype)
+                    ds = dscores(p, dp, slot, query_dim=0)
                     plgpu.wgmma_wait(0)  # dV has read P: the tile takes dS
                     tile()[...] = ds
                     plgpu.commit_smem()
@@ -402,7 +395,7 @@ def _dkdv_kernel(
                 dv, dk = pl.run_state(products)(tuple(plgpu.ACC.init(x) for x in carry))
             else:  # GPU interpret mode: fresh accumulators, added (module doc)
                 (pv,) = _products([(tile().transpose((1, 0)), do_tile)], carry[0].shape)
-                tile()[...] = (p * (dp - _bcast(delta, rshape, 0))).astype(dtype)
+                tile()[...] = dscores(p, dp, slot, query_dim=0)
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(fused_scratch["ds_ready"])
                 (sq,) = _products([(tile().transpose((1, 0)), q_tile)], carry[1].shape)
