@@ -456,7 +456,6 @@ _MOSAIC_BWD_FLAGS = (
     ("row_bound_mask", "row-mask"),
     ("step_descriptors", "step-desc"),
     ("query_rows", "query-rows"),
-    ("writer_warp", "writer-warp"),
 )
 
 
@@ -472,8 +471,7 @@ def config_label(c: dict) -> str:
     "p-smem", "rescale-early", "k-wait-early", "overlap", "persistent", "one-way",
     "row-mask" where set), or "dkv 2x64 q64 s2 dq 2x64 kv64 s2" (warpgroups x their
     tile, the streamed tile, stages; "split" where dV and dK split the warpgroups;
-    "ops-smem", "fused", "fa3-order", "row-mask", "step-desc", "query-rows",
-    "writer-warp" where set)."""
+    "ops-smem", "fused", "fa3-order", "row-mask", "step-desc", "query-rows" where set)."""
     if "schedule_barrier" in c:
         flags = ("" if c["schedule_barrier"] else " no-pingpong") + (
             "" if c.get("p_in_registers", True) else " p-smem"

@@ -344,20 +344,13 @@ FUSED_CASES = [
 ]
 
 
-# The fused kernel's variants: the step's two orientations, S^T (keys on the rows) and,
-# with `query_rows`, S (P and dS through shared memory); and the dQ writer as a warp of
-# the producer's warpgroup (`writer_warp`).
-FUSED_VARIANTS = {
-    "keys-rows": {},
-    "query-rows": {"query_rows": True},
-    "writer-warp": {"writer_warp": True},
-}
-
-
-@pytest.mark.parametrize("variant", FUSED_VARIANTS.values(), ids=FUSED_VARIANTS.keys())
+@pytest.mark.parametrize("query_rows", [False, True], ids=["keys-rows", "query-rows"])
 @pytest.mark.parametrize("case,config", FUSED_CASES, ids=lambda x: getattr(x, "id", None))
-def test_interpret_fused_matches_reference(case, config, variant):
-    _compare(case, dataclasses.replace(config, **variant), interpret=True, seed=_seed(case))
+def test_interpret_fused_matches_reference(case, config, query_rows):
+    """Both orientations of the fused step: S^T (keys on the rows) and, with
+    `query_rows`, S (P and dS through shared memory)."""
+    config = dataclasses.replace(config, query_rows=query_rows)
+    _compare(case, config, interpret=True, seed=_seed(case))
 
 
 @pytest.mark.parametrize(
@@ -374,8 +367,8 @@ def test_interpret_step_descriptors_change_no_bit(case, config):
     _flag_changes_no_bit(case, config, "step_descriptors", True)
 
 
-@pytest.mark.parametrize("variant", FUSED_VARIANTS.values(), ids=FUSED_VARIANTS.keys())
-def test_interpret_fused_finds_no_data_race(capsys, variant):
+@pytest.mark.parametrize("query_rows", [False, True], ids=["keys-rows", "query-rows"])
+def test_interpret_fused_finds_no_data_race(capsys, query_rows):
     """The race detector (as test_interpret_finds_no_data_race) over the fused kernel's
     own buffers too: the one dS^T buffer both consumers read and the two share slots
     the writer empties. It does flag the interpreted writer's read-add-store of dQ in
@@ -386,7 +379,7 @@ def test_interpret_fused_finds_no_data_race(capsys, variant):
 
     params = plgpu.InterpretGPUParams(detect_races=True)
     case = Case(1, 200, 190, 1, 1, 128, BF16, causal=True)
-    config = dataclasses.replace(FUSED, **variant)  # query_rows: P and dS share a tile
+    config = dataclasses.replace(FUSED, query_rows=query_rows)  # P and dS share a tile
     _compare(case, config, interpret=params, with_dlse=False)
     races = capsys.readouterr().out.split("RACE DETECTED")[1:]
     assert bool(races) == gpu_callbacks.get_races().races_found
@@ -480,8 +473,6 @@ def test_fused_config_validation():
             MosaicBwdConfig(fa3_order=True, **kwargs)
     with pytest.raises(ValueError, match="needs fused=True"):
         MosaicBwdConfig(query_rows=True)
-    with pytest.raises(ValueError, match="writer_warp .* needs fused=True"):
-        MosaicBwdConfig(writer_warp=True)
     with pytest.raises(ValueError, match="pick one"):
         MosaicBwdConfig(fused=True, fa3_order=True, query_rows=True)
     # No staging buffer: P and dS reach their wgmmas from the consumer's own tile.
@@ -633,13 +624,6 @@ FUSED_LOWERINGS = {
     "h64-rows-query-rows-segments": (64, dataclasses.replace(FUSED_ROWS, query_rows=True), True),
     # Without step_descriptors the tile's index is static: it must lower too.
     "h128-query-rows": (128, dataclasses.replace(FUSED, query_rows=True), False),
-    # The writer in a warp (warp_map: no get_global or `not` there).
-    "h128-fa3-order-step-descriptors-writer-warp-segments": (
-        128,
-        dataclasses.replace(FUSED, fa3_order=True, step_descriptors=True, writer_warp=True),
-        True,
-    ),
-    "h64-rows-writer-warp": (64, dataclasses.replace(FUSED_ROWS, writer_warp=True), False),
 }
 
 
@@ -648,9 +632,8 @@ FUSED_LOWERINGS = {
 )
 def test_fused_kernel_lowers_for_hopper(head_dim, config, with_segments):
     """The fused kernel lowers for sm_90 as the pair does (see above), with what only it
-    has: the fourth warpgroup (or a warp of the producer's), the global semaphores and
-    their waits and signals, the TMA reduce-adds and the dS^T / dQ-share exchange; and
-    no dQ kernel is left."""
+    has: the fourth warpgroup, the global semaphores and their waits and signals, the
+    TMA reduce-adds and the dS^T / dQ-share exchange; and no dQ kernel is left."""
     spec = masks.MaskSpec(causal=True, bottom_right=True, segments=with_segments)
 
     def f(q, k, v, o, lse, do, q_len, kv_len, *segments):
@@ -782,18 +765,6 @@ def test_gpu_fused_query_rows_matches_reference(case):
         fused_mosaic_bwd_config(case.head_dim), query_rows=True, step_descriptors=True
     )
     _compare(case, config, interpret=False, seed=_seed(case))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
-def test_gpu_fused_writer_warp_changes_no_bit(case):
-    """The dQ writer as a warp of the producer's warpgroup, compiled (FA3's order, per-step
-    descriptors): the same adds in the same order, so the same bits as the fourth
-    warpgroup's."""
-    config = dataclasses.replace(
-        fused_mosaic_bwd_config(case.head_dim), fa3_order=True, step_descriptors=True
-    )
-    _flag_changes_no_bit(case, config, "writer_warp", False)
 
 
 @pytest.mark.gpu

@@ -268,11 +268,10 @@ def test_mosaic_backward_label_names_its_flags():
     assert render.config_label(default) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2"
     fused = dict(default, fused=True, fa3_order=True, step_descriptors=True)
     assert render.config_label(fused) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2 fused fa3-order step-desc"
-    turned = dict(default, fused=True, query_rows=True, writer_warp=True)
-    label = "dkv 2x64 q64 s2 dq 2x64 kv64 s2 fused query-rows writer-warp"
-    assert render.config_label(turned) == label
+    turned = dict(default, fused=True, query_rows=True)
+    assert render.config_label(turned) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2 fused query-rows"
     rows = dict(default, row_bound_mask=True, operands_in_registers=False)
     assert render.config_label(rows) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2 ops-smem row-mask"
-    new_flags = ("row_bound_mask", "step_descriptors", "query_rows", "writer_warp")
+    new_flags = ("row_bound_mask", "step_descriptors", "query_rows")
     old = {k: v for k, v in default.items() if k not in new_flags}
     assert render.config_label(old) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2"

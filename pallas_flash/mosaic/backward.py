@@ -91,7 +91,6 @@ from pallas_flash.mosaic.config import (
     PRODUCER_REGISTERS,
     SMEM_BYTES,
     SWIZZLE,
-    WARP_WRITER_CONSUMER_REGISTERS,
     MosaicBwdConfig,
     padded_head_dim,
 )
@@ -217,8 +216,11 @@ def _dkdv_kernel(
             return lax.fori_loop(start, stop, body, carry)
         return lax.fori_loop(0, stop - start, lambda j, c: body(stop - 1 - j, c), carry)
 
-    def load_all():
-        """The producer: K and V once, then each step's Q, lse, dO and D."""
+    @pl.when(wg == consumers)
+    def _producer():
+        plgpu.set_max_registers(
+            FUSED_SIDE_REGISTERS if config.fused else PRODUCER_REGISTERS, action="decrease"
+        )
         for t in range(tiles):
             keys = (b, pl.ds(k0 + t * bk, bk), kv_head)
             plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[t], kv_ready)
@@ -265,7 +267,6 @@ def _dkdv_kernel(
         lax.fori_loop(jnp.maximum(0, steps - stages), steps, drain, None)
 
     part = config.dq_part(k_smem.shape[-1]) if config.fused else None  # a consumer's dQ slice
-    writer = None
     if config.fused:
         writer = functools.partial(
             dq_adds.writer,
@@ -279,38 +280,15 @@ def _dkdv_kernel(
             steps=(lo, hi),
             block_q=bq,
             part=part,
+            semaphores=semaphores,
             interpret=interpret,
         )
-
-    @pl.when(wg == consumers)
-    def _producer():
-        plgpu.set_max_registers(
-            FUSED_SIDE_REGISTERS if config.fused else PRODUCER_REGISTERS, action="decrease"
-        )
-        if not config.writer_warp:
-            load_all()
-            return
-        sems = dq_adds.semaphores(semaphores, interpret)  # in warpgroup code
-
-        # One warp loads, another adds the dQ shares (MosaicBwdConfig.writer_warp); the
-        # other two idle. The join at the end of warp_map waits for both.
-        def per_warp(warp):
-            pl.when(warp == 0)(load_all)
-            pl.when(warp == 1)(functools.partial(writer, sems=sems, registers=False))
-
-        plgpu.warp_map(per_warp)
-
-    if config.fused and not config.writer_warp:
-
-        @pl.when(wg == consumers + 1)  # a fourth warpgroup
-        def _():
-            writer(sems=dq_adds.semaphores(semaphores, interpret))
+        pl.when(wg == consumers + 1)(writer)
 
     def consumer(w, does_dv: bool, does_dk: bool):
         """Warpgroup `w` (static or traced) accumulates dV and/or dK of its key tile
         (and, fused, its slice of each query tile's dQ share)."""
-        registers = WARP_WRITER_CONSUMER_REGISTERS if config.writer_warp else CONSUMER_REGISTERS
-        plgpu.set_max_registers(registers, action="increase")
+        plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
         t = 0 if config.split_dkv else w
         kw0 = k0 + t * bk  # the warpgroup's first key
         k_tile, v_tile = k_smem.at[t], v_smem.at[t]
@@ -824,9 +802,8 @@ def backward(
         ),
         grid=(K, num_spans, B),
         grid_names=("heads", "kv_tiles", "batch"),
-        # The fused kernel's fourth warpgroup adds the dQ shares (dq_adds.writer), unless
-        # a warp of the producer's does (writer_warp).
-        num_threads=c_dkv + 1 + (fused and not config.writer_warp),
+        # The fused kernel's fourth warpgroup adds the dQ shares (dq_adds.writer).
+        num_threads=c_dkv + 1 + fused,
         kernel_name="pallas_flash_mosaic_bwd_fused" if fused else "pallas_flash_mosaic_bwd_dkdv",
         **params,
     )(q_len, kv_len, ranges, *inputs, *order)

@@ -143,9 +143,6 @@ CONSUMER_REGISTERS = 232
 # The fused backward adds a fourth warpgroup (dq_adds.writer): the producer and it
 # keep 24 each, 2 * 128 * 24 + 256 * 232 = 65536.
 FUSED_SIDE_REGISTERS = 24
-# With the writer a warp of the producer's warpgroup (MosaicBwdConfig.writer_warp) the
-# fused kernel has three warpgroups, as FA3's backward: 128 * 24 + 256 * 240 = 64512.
-WARP_WRITER_CONSUMER_REGISTERS = 240
 SWIZZLE = 128  # bytes: the widest shared-memory swizzle, for conflict-free wgmma reads
 # What Mosaic GPU adds: scratch for cross-warp reductions (CompilerParams'
 # reduction_scratch_bytes) and alignment (the estimate below is then within 1 KiB
@@ -335,10 +332,6 @@ class MosaicBwdConfig:
       its 25 reference rows but still serializes every wgmma (C7512, 624 bytes of
       spills) and runs its backward at 0.59x / 0.58x the pair's (head dim 128 causal
       2k / 8k, `results/mosaic-c864512/`), so off.
-    writer_warp: fused: the ordered dQ adds (dq_adds.writer) run in one warp of the
-      producer's warpgroup, beside the loads in another, instead of in a fourth
-      warpgroup: three warpgroups as in FA3's backward, so each consumer gets 240
-      registers where it had 232 (the fourth warpgroup's 24 a thread freed).
     """
 
     block_q_dkv: int = 64
@@ -356,7 +349,6 @@ class MosaicBwdConfig:
     row_bound_mask: bool = False
     step_descriptors: bool = False
     query_rows: bool = False
-    writer_warp: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
@@ -375,8 +367,6 @@ class MosaicBwdConfig:
             raise ValueError("fused needs split_dkv=False: each consumer owns a key tile")
         if self.query_rows and not self.fused:
             raise ValueError("query_rows orders the fused kernel's step: it needs fused=True")
-        if self.writer_warp and not self.fused:
-            raise ValueError("writer_warp places the fused kernel's dQ writer: it needs fused=True")
         if self.query_rows and self.fa3_order:
             raise ValueError("query_rows and fa3_order are two orders of the fused step: pick one")
         if self.fa3_order and not (self.fused and self.operands_in_registers):

@@ -199,12 +199,6 @@ def consumers_done(s, steps):
     lax.fori_loop(jnp.maximum(0, steps - SLOTS), steps, drain, None)
 
 
-def semaphores(shape: tuple[int, ...], interpret: bool):
-    """The turn counters [B, N, query tiles] of the module doc (None interpreted, where
-    the CTAs run in order). Taken in warpgroup code: get_global has no warp lowering."""
-    return None if interpret else pl.get_global(plgpu.SemaphoreType.REGULAR(shape))
-
-
 def writer(
     order_refs,
     dq_ref,
@@ -217,24 +211,21 @@ def writer(
     steps,
     block_q: int,
     part: tuple[int, int],
-    sems,
+    semaphores: tuple[int, ...],
     interpret: bool,
-    registers: bool = True,
 ):
-    """The fourth warpgroup (or, with writer_warp, one warp of the producer's, which
-    has set the registers already: `registers` False): adds each step's shares to dQ
-    [B, T, N, H] (float32) in the order of the module doc. `steps` is the CTA's
-    query-tile range (lo, hi), walked from hi - 1 down for each head of the group, as
-    the consumers do. A slot is freed as soon as its TMA has read it; the turn is handed
-    over once the adds have landed. `sems`: `semaphores`' (None interpreted)."""
-    if registers:
-        plgpu.set_max_registers(FUSED_SIDE_REGISTERS, action="decrease")
+    """The fourth warpgroup: adds each step's shares to dQ [B, T, N, H] (float32) in
+    the order of the module doc. `steps` is the CTA's query-tile range (lo, hi), walked
+    from hi - 1 down for each head of the group, as the consumers do. A slot is freed
+    as soon as its TMA has read it; the turn is handed over once the adds have landed."""
+    plgpu.set_max_registers(FUSED_SIDE_REGISTERS, action="decrease")
     index_ref, first_ref, last_ref = order_refs
     lo, hi = steps
     n = hi - lo
     rows, cols = part
     c = s["share"].shape[1]
     own = index_ref[b, span]
+    sems = None if interpret else pl.get_global(plgpu.SemaphoreType.REGULAR(semaphores))
 
     def windows(h, i):  # consumer w's slice of query tile i of head h in dQ
         out = []
@@ -282,10 +273,9 @@ def writer(
             plgpu.barrier_arrive(s["share_free"].at[slot])
             return
         sem = sems.at[b, h, i]
-        last = last_ref[b, i]
-        is_last, not_last = own == last, own != last  # (no `not` in warp code)
+        is_last = own == last_ref[b, i]
 
-        @pl.when((rank > 0) & not_last)
+        @pl.when((rank > 0) & ~is_last)
         def _():
             pl.semaphore_wait(sem, rank, decrement=False)  # our turn
 
