@@ -12,10 +12,16 @@ that counts the shares added: the visitor of rank r (its place among the tile's
 visitors, from `order_tables`) waits until the semaphore reads r, adds its share with a
 TMA reduce-add (rank 0 stores instead, so dQ needs no zeroing; tiles nobody visits are
 zeroed in XLA), and once the add has landed in global memory adds 1 (Mosaic GPU signals
-constants only). The writer awaits that landing one step late, after issuing the next
-tile's adds, so that the round trip to L2 is not on every step's path. The last
-visitor's wait takes the count back to 0 and it signals nothing, so the semaphores end
-as they started (Pallas zeroes them per call today; this does not rely on it).
+constants only). The writer awaits that landing at once, once the share's slot is
+freed: until 8d64c73 it awaited it one step late, after issuing the next tile's adds,
+to keep the round trip to L2 off each step's path, but then each visitor's turn came a
+step after the add it waited for, and the spans of a head, waiting on each other in a
+chain, fell behind one step more each: at head dim 128 causal 8k (B=2, 16 heads, FA3's
+order and step_descriptors) the fused backward ran 268.3 TFLOP/s that way and 384.2
+handing over at once (`benchmarks/results/mosaic-8d64c73/`; without any waits, wrong
+sums but the same traffic, 405.7). The last visitor's wait takes the count back to 0
+and it signals nothing, so the semaphores end as they started (Pallas zeroes them per
+call today; this does not rely on it).
 
 Ranks. The visitors of query tile m are the spans whose query range [lo, hi) holds m.
 Those ranges are intervals monotone in the span (mask bands and lengths, intersected
@@ -291,18 +297,11 @@ def writer(
         plgpu.commit_smem_to_gmem_group()
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the slot is read out: free it
         plgpu.barrier_arrive(s["share_free"].at[slot])
-
-        # The previous step's adds have landed in global memory by now, most likely:
-        # awaiting them only here, one step late, keeps their latency off this step.
-        @pl.when(step > 0)
-        def _():
-            plgpu.wait_smem_to_gmem(1, wait_read_only=False)
-            hand_over(step - 1)
+        # The next visitor's turn as soon as the adds have landed: each CTA of a head
+        # waits on the one before it, so a hand-over put off by a step (as until
+        # 8d64c73) delays every later span's adds by a step more than the last (at
+        # once: 1.43x the fused backward at head dim 128 causal 8k, module doc).
+        plgpu.wait_smem_to_gmem(0, wait_read_only=False)
+        hand_over(step)
 
     lax.fori_loop(0, total, add, None)
-    if not interpret:
-
-        @pl.when(total > 0)
-        def _():
-            plgpu.wait_smem_to_gmem(0, wait_read_only=False)
-            hand_over(total - 1)
