@@ -318,8 +318,10 @@ class MosaicBwdConfig:
       and without it on all 25 of its case-table rows (at 67e6e1c and 47a46be,
       `results/mosaic-*/mosaic-tests-*step-desc*.log`). What the spills bought back
       ptxas takes elsewhere: with it, every one of the fused kernel's 192 wgmmas is its
-      own group, awaited before the next is issued (C7512; at 9f95796, without it, they
-      ran in 36 groups; `python -m benchmarks.ptxas --read FILE.sass`, wgmma_groups).
+      own group, awaited before the next is issued (C7512; `python -m benchmarks.ptxas
+      --read FILE.sass`, wgmma_groups). Without it they are too, but for one build: causal
+      with tile_mask, where they ran in 36 groups (9f95796, and again at b4a8ae2) and that
+      build was the slowest (`results/mosaic-b4a8ae2/tile-mask/`).
     query_rows: fused: each step in FlashAttention-3's orientation, the queries on the
       rows (backward.rows_step): S = Q K^T and dP = dO V^T rather than their transposes,
       so that a thread holds 2 of the row statistics lse and D where a column's took 16
