@@ -469,7 +469,7 @@ def default_mosaic_config(
     )
 
 
-# The backward default rows at head dims 64 and 128 mask boundary tiles from each
+# The backward default rows (head dims 64 and 128, and since 1ae1789 192-256) mask boundary tiles from each
 # query's key bounds (`MosaicBwdConfig.row_bound_mask`, where the mask has row bounds:
 # causal and windows). Compiled, it gives the tile_mask form's bits on all 30 of the case
 # table's rows (28 at 67e6e1c, the two head-dim-256 rows at 47a46be;
@@ -517,6 +517,11 @@ def default_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
         return MosaicBwdConfig(block_q_dkv=128, num_stages_dkv=3, row_bound_mask=BWD_ROW_BOUND)
     if hp <= 128:
         return MosaicBwdConfig(row_bound_mask=BWD_ROW_BOUND)
-    # Head dims 192 and 256 keep tile_mask: the row-bound form gives its bits on the compiled
-    # case table's head-dim-256 rows too (47a46be), but it has not been timed there.
-    return MosaicBwdConfig(split_dkv=True, consumers_dq=1)
+    # Head dims 192 and 256 take the row-bound form too (since 1ae1789): compiled it gives
+    # tile_mask's bits on the case table's head-dim-256 rows (10 of 10 at 1ae1789,
+    # results/mosaic-1ae1789/mosaic-tests-row-bound-h256.log), and beside tile_mask in one
+    # process (fa-mosaic-256-true-rowbound-bwd.jsonl; bf16, B x T = 16k, causal) fwd+bwd ran
+    # 1.01x / 1.01x / 1.02x at 4k / 8k / 16k (350.8 / 368.3 / 383.8 TFLOP/s against
+    # 348.6 / 363.7 / 377.8); on CPU its lowered backward has 43,410 ops against 45,280
+    # (benchmarks.lowered_ops --head-dim 256 --causal true).
+    return MosaicBwdConfig(split_dkv=True, consumers_dq=1, row_bound_mask=BWD_ROW_BOUND)
