@@ -469,10 +469,11 @@ def default_mosaic_config(
     )
 
 
-# The backward default rows (head dims 64 and 128, and since 1ae1789 192-256) mask boundary tiles from each
-# query's key bounds (`MosaicBwdConfig.row_bound_mask`, where the mask has row bounds:
-# causal and windows). Compiled, it gives the tile_mask form's bits on all 30 of the case
-# table's rows (28 at 67e6e1c, the two head-dim-256 rows at 47a46be;
+# The backward default rows (head dims 64 and 128; 192-256 since 1ae1789) mask boundary
+# tiles from each query's key bounds (`MosaicBwdConfig.row_bound_mask`, where the mask
+# has row bounds: causal and windows). Compiled, it gives the tile_mask form's bits on
+# all 30 of the case table's rows (28 at 67e6e1c, the two head-dim-256 rows at 47a46be
+# and the 10 head-dim-256 rows of its own test again at 1ae1789;
 # results/mosaic-*/mosaic-tests-*.log); the dK/dV kernel's spill stores 36 bytes where
 # they were 80 (head dim 128 causal). Speed: as a variant, fwd+bwd 1.04x / 1.02x at head
 # dim 64 causal 2k in two runs, 1.00x at 4k, and at 128 0.96x / 1.03x at 2k, 1.01x at 4k
