@@ -473,7 +473,7 @@ def default_mosaic_config(
 # tiles from each query's key bounds (`MosaicBwdConfig.row_bound_mask`, where the mask
 # has row bounds: causal and windows). Compiled, it gives the tile_mask form's bits on
 # all 30 of the case table's rows (28 at 67e6e1c, the two head-dim-256 rows at 47a46be
-# and the 10 head-dim-256 rows of its own test again at 1ae1789;
+# and the 5 head-dim-256 rows of the backward's own test at 1ae1789;
 # results/mosaic-*/mosaic-tests-*.log); the dK/dV kernel's spill stores 36 bytes where
 # they were 80 (head dim 128 causal). Speed: as a variant, fwd+bwd 1.04x / 1.02x at head
 # dim 64 causal 2k in two runs, 1.00x at 4k, and at 128 0.96x / 1.03x at 2k, 1.01x at 4k
@@ -519,7 +519,7 @@ def default_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
     if hp <= 128:
         return MosaicBwdConfig(row_bound_mask=BWD_ROW_BOUND)
     # Head dims 192 and 256 take the row-bound form too (since 1ae1789): compiled it gives
-    # tile_mask's bits on the case table's head-dim-256 rows (10 of 10 at 1ae1789,
+    # tile_mask's bits on the case table's 5 head-dim-256 rows (5 of 5 at 1ae1789,
     # results/mosaic-1ae1789/mosaic-tests-row-bound-h256.log), and beside tile_mask in one
     # process (fa-mosaic-256-true-rowbound-bwd.jsonl; bf16, B x T = 16k, causal) fwd+bwd ran
     # 1.01x / 1.01x / 1.02x at 4k / 8k / 16k (350.8 / 368.3 / 383.8 TFLOP/s against
