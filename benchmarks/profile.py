@@ -1,6 +1,8 @@
 """Per-kernel time and registers of one jitted forward + backward, from Nsight Compute.
 
     python -m benchmarks.profile --suite masks --masks none,segments:1 --out F.jsonl
+    python -m benchmarks.profile --suite fa --head-dims 256 --seqs 8192 --causal true \
+        --impls pallas_flash:mosaic,jax.nn:cudnn --out F.jsonl
 
 For each selected shape of a suite (and each implementation), a child process compiles
 and warms up one forward + backward, then runs it once between cudaProfilerStart/Stop
@@ -47,11 +49,11 @@ def child(suite: str, index: int, impl_name: str) -> None:
 
     from benchmarks import bench, suites
     from benchmarks.hbm import _profiler
-    from benchmarks.impls import IMPLS
+    from benchmarks.impls import lookup
 
     s = suites.SUITES[suite].shapes[index]
     q, k, v, do, arrays, static = bench.make_inputs(s, s.dtype)
-    _, fwd_bwd = bench._bind(IMPLS[impl_name], s, static)
+    _, fwd_bwd = bench._bind(lookup(impl_name), s, static)
     step = jax.jit(fwd_bwd)
     jax.block_until_ready(step(q, k, v, do, arrays))
     start, stop = _profiler()
@@ -67,6 +69,9 @@ def main(argv=None) -> int:
     parser.add_argument("--suite", choices=sorted(suites.SUITES), required=True)
     parser.add_argument("--masks", default=None, help="comma-separated mask labels to keep")
     parser.add_argument("--impls", default="pallas_flash:triton")
+    parser.add_argument("--head-dims", default=None, help="comma-separated head dims to keep")
+    parser.add_argument("--seqs", default=None, help="comma-separated query lengths to keep")
+    parser.add_argument("--causal", choices=("true", "false"), default=None)
     parser.add_argument("--out", default=None)
     parser.add_argument("--ncu", default="ncu")
     parser.add_argument("--timeout", type=float, default=240, help="seconds per shape")
@@ -77,8 +82,16 @@ def main(argv=None) -> int:
         child(suite, int(index), impl)
         return 0
     labels = set(args.masks.split(",")) if args.masks else None
+    head_dims = {int(x) for x in args.head_dims.split(",")} if args.head_dims else None
+    seqs = {int(x) for x in args.seqs.split(",")} if args.seqs else None
     for index, s in enumerate(suites.SUITES[args.suite].shapes):
         if labels is not None and s.mask not in labels:
+            continue
+        if head_dims is not None and s.head_dim not in head_dims:
+            continue
+        if seqs is not None and s.seq_q not in seqs:
+            continue
+        if args.causal is not None and s.causal != (args.causal == "true"):
             continue
         for impl in args.impls.split(","):
             child_args = ["benchmarks.profile", "--suite", args.suite]
