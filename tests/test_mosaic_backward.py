@@ -208,6 +208,19 @@ def test_interpret_row_bound_mask_changes_no_bit(case):
     _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "row_bound_mask", True)
 
 
+# The dK/dV split with P^T handed over: a GQA group with causal and ragged tiles, and
+# the head-dim-256 case the split is for.
+SHARE_PROBS_CASES = [INTERPRET_CASES[i] for i in (2, 5)]
+
+
+@pytest.mark.parametrize("case", SHARE_PROBS_CASES, ids=lambda c: c.id)
+def test_interpret_share_probs_changes_no_bit(case):
+    """`share_probs`: the dK warpgroup reads the dV warpgroup's P^T instead of
+    recomputing it from the same tiles, so the gradients are the same bits."""
+    config = dataclasses.replace(default_mosaic_bwd_config(case.head_dim), split_dkv=True)
+    _flag_changes_no_bit(case, config, "share_probs", True)
+
+
 def test_interpret_fully_masked_rows_have_zero_gradients():
     # Batch 0: bottom-right causal with q_len 30 > kv_len 24, so the diagonal starts at
     # column -6 and rows 0..5 see no key; rows 30..39 are padding. Batch 1: no key at
@@ -247,15 +260,18 @@ def test_interpret_takes_the_mosaic_forward_residuals():
     _compare(case, None, interpret=True, seed=2, mosaic_forward_=True)
 
 
-def test_interpret_finds_no_data_race():
+@pytest.mark.parametrize("share_probs", [False, True], ids=["split", "share-probs"])
+def test_interpret_finds_no_data_race(share_probs):
     """The interpreter's happens-before race detector over the shared buffers (the
-    resident K/V, the Q/dO/lse/D ring, the K/V ring, the staging buffers and the
-    outputs staged through shared memory; its wgmma operand reads are not instrumented)."""
+    resident K/V, the Q/dO/lse/D ring, the K/V ring, the staging buffers, the P^T tile
+    handed between the split's warpgroups and the outputs staged through shared memory;
+    its wgmma operand reads are not instrumented)."""
     from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks  # no public accessor
 
     params = plgpu.InterpretGPUParams(detect_races=True)
     case = Case(1, 130, 70, 1, 1, 64, BF16)
-    _compare(case, MosaicBwdConfig(split_dkv=True), interpret=params, with_dlse=False)
+    config = MosaicBwdConfig(split_dkv=True, share_probs=share_probs)
+    _compare(case, config, interpret=params, with_dlse=False)
     assert not gpu_callbacks.get_races().races_found
 
 
@@ -305,6 +321,8 @@ def test_config_validation():
             MosaicBwdConfig(**{field: value})
     with pytest.raises(ValueError, match="split_dkv"):
         MosaicBwdConfig(split_dkv=True, consumers_dkv=1)
+    with pytest.raises(ValueError, match="share_probs .* split_dkv=True"):
+        MosaicBwdConfig(share_probs=True)
     q = jnp.ones((1, 8, 1, 256), BF16)
     lse = jnp.zeros((1, 1, 8), jnp.float32)
     lens = jnp.full((1,), 8, jnp.int32)
@@ -730,6 +748,15 @@ def test_gpu_row_bound_mask_changes_no_bit(case):
     """row_bound_mask compiled, both kernels: the same bits as the head dim's row with
     `masks.tile_mask` (and both within the reference's tolerance)."""
     _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "row_bound_mask", False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_share_probs_changes_no_bit(case):
+    """share_probs compiled: the dK/dV split with P^T handed over gives the split's bits
+    (and both are within the reference's tolerance)."""
+    config = dataclasses.replace(default_mosaic_bwd_config(case.head_dim), split_dkv=True)
+    _flag_changes_no_bit(case, config, "share_probs", False)
 
 
 # The fused kernel, compiled: the shared case table at head dims up to 128 (above, the

@@ -177,6 +177,7 @@ def _dkdv_kernel(
     do_ready,
     free,
     done,
+    probs_scratch,
     fused_scratch,
     spec: masks.MaskSpec,
     scale: float,
@@ -404,6 +405,30 @@ def _dkdv_kernel(
             dq_adds.dq_share(fused_scratch, step, w, k_smem, part, z, query_rows=True)
             return dv, dk
 
+        def shared_probs_step(i, carry, *, step, slot, q_tile, do_tile, k_tile, v_tile, masked):
+            """One split step with P^T handed over (`MosaicBwdConfig.share_probs`): the dV
+            warpgroup computes S^T and P^T, stores P^T (float32) for the dK warpgroup and
+            accumulates dV; the dK warpgroup computes dP^T meanwhile, then reads P^T
+            (the same values it would have recomputed) for dS^T and dK."""
+            tile, ready, free_ = probs_scratch["tile"], probs_scratch["ready"], probs_scratch["free"]
+            if does_dv:
+                (s_t,) = _products([(k_tile, q_tile.transpose((1, 0)))], shape)  # s^T = k @ q.T
+                p_t = probs(s_t, i, slot, masked)
+
+                @pl.when(step > 0)  # the dK warpgroup has read the last step's P^T
+                def _():
+                    plgpu.barrier_wait(free_)
+
+                tile[...] = p_t
+                plgpu.barrier_arrive(ready)
+                return tuple(_accumulate([(carry[0], p_t.astype(dtype), do_tile)], staging))
+            (dp_t,) = _products([(v_tile, do_tile.transpose((1, 0)))], shape)  # dp^T = v @ do.T
+            plgpu.barrier_wait(ready)
+            p_t = plgpu.load(tile, layout=plgpu.Layout.WGMMA)
+            plgpu.barrier_arrive(free_)
+            ds_t = dscores(p_t, dp_t, slot)
+            return tuple(_accumulate([(carry[-1], ds_t, q_tile)], staging))
+
         def step_operands(step):
             """This step's K and V tiles, and the index offset `z` (0) of the buffers that
             stay in place. With `config.step_descriptors` they are addressed through
@@ -432,6 +457,13 @@ def _dkdv_kernel(
                     i, carry, step=step, slot=slot, q_tile=q_tile, do_tile=do_tile,
                     k_tile=k_tile, v_tile=v_tile, z=z, masked=masked,
                 )  # fmt: skip
+            if config.share_probs:
+                carry = shared_probs_step(
+                    i, carry, step=step, slot=slot, q_tile=q_tile, do_tile=do_tile,
+                    k_tile=k_tile, v_tile=v_tile, masked=masked,
+                )  # fmt: skip
+                plgpu.barrier_arrive(free.at[slot])
+                return carry
             pairs = [(k_tile, q_tile.transpose((1, 0)))]  # s^T = k @ q.T: [bk, bq]
             if does_dk:
                 pairs.append((v_tile, do_tile.transpose((1, 0))))  # dp^T = v @ do.T: [bk, bq]
@@ -465,6 +497,12 @@ def _dkdv_kernel(
             # [bk]: the tile's key ids, along the rows of S^T (or the columns of S)
             k_segs = plgpu.load(kv_seg_smem.at[t], layout=_COL if config.query_rows else _ROW)
         accs = lax.fori_loop(0, group, per_head, (zeros,) * (does_dv + does_dk))
+        if config.share_probs and does_dv:  # the dK warpgroup's read of the last P^T
+
+            @pl.when(group * n > 0)
+            def _():
+                plgpu.barrier_wait(probs_scratch["free"])
+
         if config.split_dkv:  # K and V are read by both warpgroups until both are done
             plgpu.barrier_arrive(done)
             plgpu.barrier_wait(done)
@@ -741,6 +779,10 @@ def backward(
         plgpu.SwizzleTransform(SWIZZLE),
     )
     tile = lambda *shape: plgpu.SMEM(shape, q.dtype, transforms=transforms)  # noqa: E731
+    f32_transforms = (
+        plgpu.TilingTransform((8, SWIZZLE // 4)),
+        plgpu.SwizzleTransform(SWIZZLE),
+    )
     params = dict(
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=None if interpret is False else interpret,
@@ -796,6 +838,15 @@ def backward(
             do_ready=plgpu.Barrier(num_arrivals=2, num_barriers=stages),  # dO and D
             free=plgpu.Barrier(num_arrivals=c_dkv, num_barriers=stages),
             done=plgpu.Barrier(num_arrivals=2) if config.split_dkv else None,
+            probs_scratch=(
+                dict(
+                    tile=plgpu.SMEM((bk, bq), jnp.float32, transforms=f32_transforms),
+                    ready=plgpu.Barrier(),
+                    free=plgpu.Barrier(),
+                )
+                if config.share_probs
+                else None
+            ),
             fused_scratch=(
                 dq_adds.scratch(config, hp, q.dtype, transforms, interpreted) if fused else None
             ),

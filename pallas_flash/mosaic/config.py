@@ -334,6 +334,11 @@ class MosaicBwdConfig:
       its 25 reference rows but still serializes every wgmma (C7512, 624 bytes of
       spills) and runs its backward at 0.59x / 0.58x the pair's (head dim 128 causal
       2k / 8k, `results/mosaic-c864512/`), so off.
+    share_probs: split_dkv: the dV warpgroup hands its float32 P^T to the dK warpgroup
+      through shared memory (one tile, a barrier each way), so that the dK warpgroup
+      computes dP^T alone where it recomputed S^T = K Q^T and the exp2 as well: four
+      matmuls a step where the split did five. The dK warpgroup's P^T was the same
+      wgmma on the same tiles, so the gradients keep their bits.
     """
 
     block_q_dkv: int = 64
@@ -351,6 +356,7 @@ class MosaicBwdConfig:
     row_bound_mask: bool = False
     step_descriptors: bool = False
     query_rows: bool = False
+    share_probs: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
@@ -365,6 +371,10 @@ class MosaicBwdConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be 1 or 2")
         if self.split_dkv and self.consumers_dkv != 2:
             raise ValueError(f"split_dkv needs consumers_dkv=2, not {self.consumers_dkv}")
+        if self.share_probs and not self.split_dkv:
+            raise ValueError(
+                "share_probs hands P^T from the dV warpgroup to the dK one: it needs split_dkv=True"
+            )
         if self.fused and self.split_dkv:
             raise ValueError("fused needs split_dkv=False: each consumer owns a key tile")
         if self.query_rows and not self.fused:
@@ -406,6 +416,9 @@ class MosaicBwdConfig:
         if self.operands_in_registers or self.query_rows:  # no staging buffer
             staged = 0
         barriers = 8 * (3 * stages + 2)
+        if self.share_probs:  # the float32 P^T tile the dV warpgroup hands over
+            staged += bk * bq * 4
+            barriers += 8 * 2
         if self.fused:  # the dS^T tiles, and two steps of float32 dQ shares
             c = self.consumers_dkv
             staged += c * bk * bq * itemsize + 2 * bq * head_dim * 4
