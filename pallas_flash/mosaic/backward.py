@@ -410,7 +410,7 @@ def _dkdv_kernel(
             warpgroup computes S^T and P^T, stores P^T (float32) for the dK warpgroup and
             accumulates dV; the dK warpgroup computes dP^T meanwhile, then reads P^T
             (the same values it would have recomputed) for dS^T and dK."""
-            tile, ready, free_ = probs_scratch["tile"], probs_scratch["ready"], probs_scratch["free"]
+            tile, ready, free_ = (probs_scratch[x] for x in ("tile", "ready", "free"))
             if does_dv:
                 (s_t,) = _products([(k_tile, q_tile.transpose((1, 0)))], shape)  # s^T = k @ q.T
                 p_t = probs(s_t, i, slot, masked)
