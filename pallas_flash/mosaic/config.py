@@ -538,4 +538,6 @@ def default_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
     # 1.01x / 1.01x / 1.02x at 4k / 8k / 16k (350.8 / 368.3 / 383.8 TFLOP/s against
     # 348.6 / 363.7 / 377.8); on CPU its lowered backward has 43,410 ops against 45,280
     # (benchmarks.lowered_ops --head-dim 256 --causal true).
-    return MosaicBwdConfig(split_dkv=True, consumers_dq=1, row_bound_mask=BWD_ROW_BOUND)
+    return MosaicBwdConfig(
+        split_dkv=True, share_probs=True, consumers_dq=1, row_bound_mask=BWD_ROW_BOUND
+    )
