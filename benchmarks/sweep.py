@@ -134,7 +134,8 @@ def mosaic_bwd_candidates(head_dim: int) -> list[configs.MosaicBwdConfig]:
     """The default with its dK/dV part changed in up to MOSAIC_BWD_CHANGES fields, or
     its dQ part, never both. split_dkv (two warpgroups sharing a key tile, one on dV,
     one on dK) joins the dK/dV fields at padded head dims >= 192, where the default
-    splits; below, it stays the default's. Combinations the config rejects (a split
+    splits (with share_probs, which a candidate without the split drops); below, it
+    stays the default's. Combinations the config rejects (a split
     with one warpgroup) are left out."""
     default = configs.default_mosaic_bwd_config(head_dim)
     split = (default.split_dkv,)
@@ -146,6 +147,8 @@ def mosaic_bwd_candidates(head_dim: int) -> list[configs.MosaicBwdConfig]:
             change = {f: v for f, v in zip(space, values) if getattr(default, f) != v}
             if len(change) > MOSAIC_BWD_CHANGES:
                 continue
+            if change.get("split_dkv") is False:  # P^T is handed over only within a split
+                change["share_probs"] = False
             try:
                 out[dataclasses.replace(default, **change)] = None
             except ValueError:  # split_dkv with consumers_dkv=1
@@ -154,7 +157,7 @@ def mosaic_bwd_candidates(head_dim: int) -> list[configs.MosaicBwdConfig]:
     # at this head dim: those that fit its extra shared memory and registers.
     hp = mosaic_config.padded_head_dim(head_dim)
     for values in itertools.product(*MOSAIC_DKV_SPACE.values()):
-        change = dict(zip(MOSAIC_DKV_SPACE, values), split_dkv=False, fused=True)
+        change = dict(zip(MOSAIC_DKV_SPACE, values), split_dkv=False, share_probs=False, fused=True)
         try:
             config = dataclasses.replace(default, **change)
             mosaic_backward.check_fits(config, hp)

@@ -25,6 +25,7 @@ from pallas_flash import masks, reference
 from pallas_flash.logits import Logits
 from pallas_flash.mosaic import backward as mosaic_backward
 from pallas_flash.mosaic.config import (
+    SMEM_BYTES,
     MosaicBwdConfig,
     MosaicConfig,
     default_mosaic_bwd_config,
@@ -310,6 +311,19 @@ def test_unsupported_features_raise(dtype, kwargs, match):
         )
 
 
+def _with_operands(config: MosaicBwdConfig, in_registers: bool, head_dim: int):
+    """`config` with its register operands on or off. Staged (through shared memory) at
+    head dim 256, the two staging tiles leave no room for share_probs' float32 P^T tile
+    (233,552 bytes of 232,448), so there the staged form is the split without it (the
+    hand-over is checked staged in interpret mode, where shared memory is not bounded,
+    and compiled with the operands in registers)."""
+    config = dataclasses.replace(config, operands_in_registers=in_registers)
+    if config.share_probs and config.smem_bytes_dkv(padded_head_dim(head_dim)) > SMEM_BYTES:
+        assert not in_registers
+        config = dataclasses.replace(config, share_probs=False)
+    return config
+
+
 def test_config_validation():
     for field, value in [
         ("block_q_dkv", 32),
@@ -519,8 +533,7 @@ def test_compiled_kernels_lower_for_hopper(head_dim, dtype, spec, in_registers):
     operands in registers with two dQ consumers at every head dim; step-desc: operands
     in registers, step_descriptors.)"""
     config = dataclasses.replace(
-        default_mosaic_bwd_config(head_dim),
-        operands_in_registers=bool(in_registers),
+        _with_operands(default_mosaic_bwd_config(head_dim), bool(in_registers), head_dim),
         step_descriptors=in_registers == "steps",
     )
     if in_registers == "dq2":
@@ -674,9 +687,7 @@ def test_fused_kernel_lowers_for_hopper(head_dim, config, with_segments):
 @pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 def test_default_configs_fit_in_shared_memory(head_dim):
     for in_registers in (True, False):
-        config = dataclasses.replace(
-            default_mosaic_bwd_config(head_dim), operands_in_registers=in_registers
-        )
+        config = _with_operands(default_mosaic_bwd_config(head_dim), in_registers, head_dim)
         assert config.smem_bytes_dkv(head_dim) <= 227 * 1024
         assert config.smem_bytes_dq(head_dim) <= 227 * 1024
 
@@ -695,9 +706,7 @@ GPU_CASES = test_mosaic.GPU_CASES
 @pytest.mark.parametrize("in_registers", [True, False], ids=["regs", "staged"])
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
 def test_gpu_matches_reference(case, in_registers):
-    config = dataclasses.replace(
-        default_mosaic_bwd_config(case.head_dim), operands_in_registers=in_registers
-    )
+    config = _with_operands(default_mosaic_bwd_config(case.head_dim), in_registers, case.head_dim)
     _compare(case, config, interpret=False, seed=_seed(case))
 
 
