@@ -89,11 +89,14 @@ and a TMA producer; shared memory from `smem_bytes_*`, operands in registers):
 |----------|-------------------------------------------|-------------------------------------------|
 | 64       | 2 x 64, 128, 3: 137,304 (bound)           | 2 x 64, 64, 2: 67,664 bytes               |
 | 128      | 2 x 64, 64, 2: 133,176 bytes              | 2 x 64, 64, 2: 133,200 bytes              |
-| 192      | 1 x 64 (dV / dK split), 64, 2: 149,568    | 1 x 64, 64, 2: 149,576 bytes              |
-| 256      | 1 x 64 (dV / dK split), 64, 2: 198,720    | 1 x 64, 64, 2: 198,728 bytes              |
+| 192      | 1 x 64 (split, P^T handed over), 64, 2: 165,968 | 1 x 64, 64, 2: 149,576 bytes |
+| 256      | 1 x 64 (split, P^T handed over), 64, 2: 215,120 | 1 x 64, 64, 2: 198,728 bytes |
 
-(Shared memory as Mosaic GPU's lowering reports it, operands in registers; staged
-through shared memory, each kernel adds warpgroups x 64 x 64 x 2 bytes.)
+(Shared memory as Mosaic GPU's lowering reports it, operands in registers, with the
+hand-over's 16,400 bytes at 192 and 256 added by `smem_bytes_dkv`'s count; staged
+through shared memory, each kernel adds warpgroups x 64 x 64 x 2 bytes, and at 192 and
+256 the staged dK/dV kernel keeps the split without the hand-over, whose 16 KiB float32
+P^T tile would not fit beside the staging tiles at 256.)
 
 Evidence: at head dim 64, the backward sweep of 12-01 (B=2, T=S=8k; its file was lost
 with the device's output) found 128-row Q tiles through three slots in the dK/dV kernel
@@ -110,7 +113,15 @@ threads = 128 registers at head dim 128) plus S^T and dP^T
 (block_kv x block_q, 32 registers each at 64 x 64); at head dim 192 and 256 the two
 accumulators would need 192 and 256 registers, so there the two warpgroups share one
 key tile and split the work, one accumulating dV and the other dK (FA3 splits the head
-dim between warpgroups instead and trades P and dS through shared memory). dQ at head
+dim between warpgroups instead and trades P and dS through shared memory). The dK
+warpgroup of the split needed P^T as well and recomputed it (S^T = K Q^T and the exp2:
+five matmuls a step where four are needed); since 79c9063 the dV warpgroup hands its
+float32 P^T over through shared memory (`share_probs`; the same bits, since it was the
+same wgmma on the same tiles). Beside the split in one process
+(`results/mosaic-e928813/fa-mosaic-256-share-probs.jsonl`; bf16, B x T = 16k, head dim
+256) its backward ran 368.7 / 384.7 TFLOP/s against 322.4 / 328.5 non-causal at 4k /
+16k and 341.8 / 386.8 against 296.4 / 332.5 causal (1.14-1.17x; cuDNN 353.8 / 356.0
+and 329.1 / 376.3). Head dim 192 takes it untimed, having the same split. dQ at head
 dim 256 keeps Q and dO of two warpgroups (128 KiB) plus a two-stage K/V ring (128 KiB)
 over the 227 KiB budget, hence one warpgroup there.
 
@@ -537,7 +548,11 @@ def default_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
     # process (fa-mosaic-256-true-rowbound-bwd.jsonl; bf16, B x T = 16k, causal) fwd+bwd ran
     # 1.01x / 1.01x / 1.02x at 4k / 8k / 16k (350.8 / 368.3 / 383.8 TFLOP/s against
     # 348.6 / 363.7 / 377.8); on CPU its lowered backward has 43,410 ops against 45,280
-    # (benchmarks.lowered_ops --head-dim 256 --causal true).
+    # (benchmarks.lowered_ops --head-dim 256 --causal true). And the dV warpgroup hands
+    # its P^T to the dK warpgroup (share_probs, since 79c9063): beside the plain split,
+    # backward 1.14-1.17x at head dim 256, 4k and 16k, causal and not (module docstring);
+    # compiled, the same bits as the split on the case table's head-dim-256 and -64 rows
+    # (13 of 13, results/mosaic-e928813/mosaic-tests-share-probs.log).
     return MosaicBwdConfig(
         split_dkv=True, share_probs=True, consumers_dq=1, row_bound_mask=BWD_ROW_BOUND
     )
