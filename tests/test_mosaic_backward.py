@@ -209,9 +209,13 @@ def test_interpret_row_bound_mask_changes_no_bit(case):
     _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "row_bound_mask", True)
 
 
-# The dK/dV split with P^T handed over: a GQA group with causal and ragged tiles, and
-# the head-dim-256 case the split is for.
-SHARE_PROBS_CASES = [INTERPRET_CASES[i] for i in (2, 5)]
+# The dK/dV split with P^T handed over: a GQA group with causal and ragged tiles, the
+# head-dim-256 case the split is for, and head dim 192 (the compiled case table has none).
+SHARE_PROBS_CASES = [
+    INTERPRET_CASES[2],
+    INTERPRET_CASES[5],
+    Case(1, 70, 90, 2, 1, 192, F16, causal=True, bottom_right=True),
+]
 
 
 @pytest.mark.parametrize("case", SHARE_PROBS_CASES, ids=lambda c: c.id)
