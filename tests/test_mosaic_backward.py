@@ -226,6 +226,32 @@ def test_interpret_share_probs_changes_no_bit(case):
     _flag_changes_no_bit(case, config, "share_probs", True)
 
 
+# The dQ kernel's two warpgroups on one query tile (split_dq): head dims 128 and 256,
+# causal with a key length, GQA, and segment ids under causal masking.
+SPLIT_DQ_CASES = [
+    INTERPRET_CASES[1],
+    INTERPRET_CASES[5],
+    Case(
+        2,
+        130,
+        150,
+        2,
+        1,
+        128,
+        BF16,
+        causal=True,
+        segments=(packed([(30, 100), (130,)], 130), packed([(40, 110), (150,)], 150)),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", SPLIT_DQ_CASES, ids=lambda c: c.id)
+def test_interpret_split_dq_matches_reference(case):
+    config = default_mosaic_bwd_config(case.head_dim)
+    config = dataclasses.replace(config, consumers_dq=2, split_dq=True, num_stages_dq=2)
+    _compare(case, config, interpret=True, seed=_seed(case))
+
+
 def test_interpret_fully_masked_rows_have_zero_gradients():
     # Batch 0: bottom-right causal with q_len 30 > kv_len 24, so the diagonal starts at
     # column -6 and rows 0..5 see no key; rows 30..39 are padding. Batch 1: no key at
@@ -265,17 +291,19 @@ def test_interpret_takes_the_mosaic_forward_residuals():
     _compare(case, None, interpret=True, seed=2, mosaic_forward_=True)
 
 
-@pytest.mark.parametrize("share_probs", [False, True], ids=["split", "share-probs"])
-def test_interpret_finds_no_data_race(share_probs):
+@pytest.mark.parametrize(
+    "share_probs,split_dq", [(False, False), (True, True)], ids=["split", "share-probs-split-dq"]
+)
+def test_interpret_finds_no_data_race(share_probs, split_dq):
     """The interpreter's happens-before race detector over the shared buffers (the
     resident K/V, the Q/dO/lse/D ring, the K/V ring, the staging buffers, the P^T tile
-    handed between the split's warpgroups and the outputs staged through shared memory;
-    its wgmma operand reads are not instrumented)."""
+    handed between the split's warpgroups, split_dq's P and dS tiles and the outputs
+    staged through shared memory; its wgmma operand reads are not instrumented)."""
     from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks  # no public accessor
 
     params = plgpu.InterpretGPUParams(detect_races=True)
-    case = Case(1, 130, 70, 1, 1, 64, BF16)
-    config = MosaicBwdConfig(split_dkv=True, share_probs=share_probs)
+    case = Case(1, 130, 70, 1, 1, 128 if split_dq else 64, BF16)
+    config = MosaicBwdConfig(split_dkv=True, share_probs=share_probs, split_dq=split_dq)
     _compare(case, config, interpret=params, with_dlse=False)
     assert not gpu_callbacks.get_races().races_found
 
@@ -341,6 +369,8 @@ def test_config_validation():
         MosaicBwdConfig(split_dkv=True, consumers_dkv=1)
     with pytest.raises(ValueError, match="share_probs .* split_dkv=True"):
         MosaicBwdConfig(share_probs=True)
+    with pytest.raises(ValueError, match="split_dq needs consumers_dq=2"):
+        MosaicBwdConfig(split_dq=True, consumers_dq=1)
     q = jnp.ones((1, 8, 1, 256), BF16)
     lse = jnp.zeros((1, 1, 8), jnp.float32)
     lens = jnp.full((1,), 8, jnp.int32)
@@ -526,7 +556,9 @@ LOWERINGS = {
 
 
 @pytest.mark.parametrize(
-    "in_registers", [True, False, "dq2", "steps"], ids=["regs", "staged", "dq2", "step-desc"]
+    "in_registers",
+    [True, False, "dq2", "steps", "split-dq"],
+    ids=["regs", "staged", "dq2", "step-desc", "split-dq"],
 )
 @pytest.mark.parametrize("head_dim,dtype,spec", LOWERINGS.values(), ids=LOWERINGS.keys())
 def test_compiled_kernels_lower_for_hopper(head_dim, dtype, spec, in_registers):
@@ -535,7 +567,8 @@ def test_compiled_kernels_lower_for_hopper(head_dim, dtype, spec, in_registers):
     that dialect and the shared-memory check, for both kernels. What is left for the
     GPU: LLVM/PTX code generation, ptxas (register spills), and running it. (dq2:
     operands in registers with two dQ consumers at every head dim; step-desc: operands
-    in registers, step_descriptors.)"""
+    in registers, step_descriptors; split-dq: the dQ kernel's two warpgroups on one
+    query tile, at the head dims with whole 64-column halves.)"""
     config = dataclasses.replace(
         _with_operands(default_mosaic_bwd_config(head_dim), bool(in_registers), head_dim),
         step_descriptors=in_registers == "steps",
@@ -544,6 +577,12 @@ def test_compiled_kernels_lower_for_hopper(head_dim, dtype, spec, in_registers):
         config = dataclasses.replace(config, consumers_dq=2)
         if head_dim == 256:  # two dQ warpgroups' Q and dO beside the K/V ring: too big
             with pytest.raises(ValueError, match="shared memory in its dQ kernel at head dim 256"):
+                mosaic_backward.check_fits(config, head_dim)
+            return
+    if in_registers == "split-dq":
+        config = dataclasses.replace(config, consumers_dq=2, split_dq=True)
+        if head_dim % 128:
+            with pytest.raises(ValueError, match=f"split_dq .* head dim {head_dim} has no halves"):
                 mosaic_backward.check_fits(config, head_dim)
             return
 
@@ -770,6 +809,18 @@ def test_gpu_share_probs_changes_no_bit(case):
     (and both are within the reference's tolerance)."""
     config = dataclasses.replace(default_mosaic_bwd_config(case.head_dim), split_dkv=True)
     _flag_changes_no_bit(case, config, "share_probs", False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "case", [c for c in GPU_CASES if padded_head_dim(c.head_dim) % 128 == 0], ids=lambda c: c.id
+)
+def test_gpu_split_dq_matches_reference(case):
+    """split_dq compiled (the dQ kernel's two warpgroups on one query tile), at the head
+    dims whose halves are whole 64-column tiles."""
+    config = default_mosaic_bwd_config(case.head_dim)
+    config = dataclasses.replace(config, consumers_dq=2, split_dq=True, num_stages_dq=2)
+    _compare(case, config, interpret=False, seed=_seed(case))
 
 
 # The fused kernel, compiled: the shared case table at head dims up to 128 (above, the

@@ -556,6 +556,7 @@ def _dq_kernel(
     v_ready,
     k_free,
     v_free,
+    split_scratch,
     spec: masks.MaskSpec,
     scale: float,
     config: MosaicBwdConfig,
@@ -591,6 +592,28 @@ def _dq_kernel(
             hi=hi,
             block_kv=bk,
         )
+
+    if config.split_dq:
+        for w in range(consumers):
+            pl.when(wg == w)(
+                functools.partial(
+                    _split_dq_consumer,
+                    w,
+                    refs=(q_ref, do_ref, lse_ref, delta_ref, q_seg_ref, dq_ref),
+                    smem=(q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem, q_seg_smem),
+                    kv_seg_smem=kv_seg_smem,
+                    barriers=(q_ready, k_ready, v_ready, k_free, v_free),
+                    scratch=split_scratch,
+                    lens=(q_len_ref, kv_len_ref),
+                    tile_index=(b, h, tile),
+                    ranges=(lo, full_lo, full_hi, hi),
+                    slot_of=slot_of,
+                    spec=spec,
+                    scale=scale,
+                    config=config,
+                )
+            )
+        return
 
     @pl.when(wg < consumers)
     def _consumer():
@@ -659,6 +682,156 @@ def _dq_kernel(
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the CTA ends (as above)
 
 
+def _split_dq_consumer(
+    w: int,
+    *,
+    refs,
+    smem,
+    kv_seg_smem,
+    barriers,
+    scratch,
+    lens,
+    tile_index,
+    ranges,
+    slot_of,
+    spec: masks.MaskSpec,
+    scale: float,
+    config: MosaicBwdConfig,
+):
+    """Warpgroup `w` of the dQ kernel with `MosaicBwdConfig.split_dq`: both warpgroups
+    share one query tile. Warpgroup 0 loads Q and lse, computes S and P (masked) and hands
+    P (float32) over; warpgroup 1 loads dO and D, computes dP and then dS from that P, and
+    stores dS for both. Each accumulates dQ's head-dim columns [w * H/2, (w + 1) * H/2) as
+    dS K, from shared memory, and writes them out."""
+    q_ref, do_ref, lse_ref, delta_ref, q_seg_ref, dq_ref = refs
+    q_smem, do_smem, lse_smem, delta_smem, k_smem, v_smem, q_seg_smem = smem  # Q, dO: halves
+    q_ready, k_ready, v_ready, k_free, v_free = barriers
+    b, h, tile = tile_index
+    lo, full_lo, full_hi, hi = ranges
+    plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+    q_len, kv_len = (ref[b] for ref in lens)
+    bq, bk = config.block_q_dq, config.block_kv_dq
+    dtype = q_smem.dtype
+    q0 = tile * bq
+    rows = pl.ds(q0, bq)
+    # Q and dO are held as two column halves ([2, bq, H/2]), so that each warpgroup's
+    # half of dQ leaves through a contiguous tile (TMA stores need one).
+    cols = q_smem.shape[-1]
+    shape = (bq, bk)
+    in_place = config.operands_in_registers  # GPU interpret mode cannot accumulate in place
+    halves = [pl.ds(i * cols, cols) for i in range(2)]
+    if w == 0:  # S and P: Q, lse (and the rows' ids)
+        ready = q_ready
+        for i, half in enumerate(halves):
+            plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h, half], q_smem.at[i], ready)
+        plgpu.copy_gmem_to_smem(lse_ref.at[b, h, rows], lse_smem.at[0], ready)
+        if q_seg_ref is not None:
+            plgpu.copy_gmem_to_smem(q_seg_ref.at[b, rows], q_seg_smem.at[0], ready)
+    else:  # dP and dS: dO, D
+        ready = scratch["do_ready"]
+        for i, half in enumerate(halves):
+            plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h, half], do_smem.at[i], ready)
+        plgpu.copy_gmem_to_smem(delta_ref.at[b, h, rows], delta_smem.at[0], ready)
+
+    def product(a_halves, b_tile):
+        """a @ b.T [bq, bk] over the head dim, from a's two column halves."""
+
+        def mma(acc_ref):
+            for i, half in enumerate(halves):
+                plgpu.wgmma(acc_ref, a_halves.at[i], b_tile.at[:, half].transpose((1, 0)))
+            return acc_ref[...]
+
+        return pl.run_scoped(mma, plgpu.ACC(shape, jnp.float32))
+
+    plgpu.barrier_wait(ready)
+    diag = masks.offset(spec, q_len, kv_len)
+    c = scale * LOG2E
+    if w == 0:
+        lse2 = plgpu.load(lse_smem.at[0], layout=_ROW)  # [bq], base 2, +inf if empty
+        if q_seg_ref is not None:
+            q_segs = plgpu.load(q_seg_smem.at[0], layout=_ROW)
+    else:
+        delta = plgpu.load(delta_smem.at[0], layout=_ROW)  # [bq]
+
+    def body(j, dq, *, masked: bool):
+        slot = slot_of(j)
+        step = j - lo
+        k_tile = k_smem.at[slot]
+        plgpu.barrier_wait(k_ready.at[slot])  # S here, dS K in both
+        if w == 0:
+            s_ = product(q_smem, k_tile)  # s = q @ k.T
+            p = jnp.exp2(s_ * c - _bcast(lse2, shape, 0))  # [bq, bk]
+            if masked:
+                keys = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+                segs = None
+                if q_seg_ref is not None:
+                    k_segs = plgpu.load(kv_seg_smem.at[slot], layout=_COL)  # [bk]
+                    segs = (_bcast(q_segs, shape, 0), _bcast(k_segs, shape, 1))
+                keep = element_mask(
+                    spec, config.row_bound_mask, q0, keys, j * bk, kv_len, diag, 0, segs
+                )
+                p = jnp.where(keep, p, 0.0)
+
+            @pl.when(step > 0)  # warpgroup 1 has read the last step's P
+            def _():
+                plgpu.barrier_wait(scratch["p_free"])
+
+            scratch["p"][...] = p
+            plgpu.barrier_arrive(scratch["p_ready"])
+        else:
+            v_tile = v_smem.at[slot]
+            plgpu.barrier_wait(v_ready.at[slot])
+            dp = product(do_smem, v_tile)  # dp = do @ v.T
+            plgpu.barrier_arrive(v_free.at[slot])
+            plgpu.barrier_wait(scratch["p_ready"])
+            p = plgpu.load(scratch["p"], layout=plgpu.Layout.WGMMA)
+            plgpu.barrier_arrive(scratch["p_free"])
+            ds = (p * (dp - _bcast(delta, shape, 0))).astype(dtype)  # [bq, bk]
+
+            @pl.when(step > 0)  # both warpgroups' dS K of the last step are done
+            def _():
+                plgpu.barrier_wait(scratch["ds_free"])
+
+            scratch["ds"][...] = ds
+            plgpu.commit_smem()  # visible to the wgmmas' async reads
+            plgpu.barrier_arrive(scratch["ds_ready"])
+        plgpu.barrier_wait(scratch["ds_ready"])
+        k_cols = k_tile.at[:, halves[w]]
+        if in_place:
+
+            def mma(acc_ref):
+                plgpu.wgmma(acc_ref, scratch["ds"], k_cols)  # dq[:, half] += ds @ k[:, half]
+
+            dq = pl.run_state(mma)(plgpu.ACC.init(dq))  # awaits the wgmma
+        else:
+
+            def mma(acc_ref):
+                plgpu.wgmma(acc_ref, scratch["ds"], k_cols)
+                return acc_ref[...]
+
+            dq = dq + pl.run_scoped(mma, plgpu.ACC((bq, cols), jnp.float32))
+        plgpu.barrier_arrive(scratch["ds_free"])
+        plgpu.barrier_arrive(k_free.at[slot])
+        return dq
+
+    dq = plgpu.layout_cast(jnp.zeros((bq, cols), jnp.float32), plgpu.Layout.WGMMA)
+    dq = lax.fori_loop(lo, full_lo, functools.partial(body, masked=True), dq)
+    dq = lax.fori_loop(full_lo, full_hi, functools.partial(body, masked=False), dq)
+    dq = lax.fori_loop(full_hi, hi, functools.partial(body, masked=True), dq)
+
+    # Every phase seen: the other warpgroup's release of the last P (w 0) or dS (w 1).
+    @pl.when(hi > lo)
+    def _():
+        plgpu.barrier_wait(scratch["p_free" if w == 0 else "ds_free"])
+
+    # Out through a half of this warpgroup's own input (Q or dO), which it alone read.
+    out = (q_smem if w == 0 else do_smem).at[w]
+    out[...] = (dq * scale).astype(dtype)  # dS was of the scaled scores
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(out, dq_ref.at[b, rows, h, halves[w]])
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the CTA ends (as above)
+
+
 def check_fits(config: MosaicBwdConfig, hp: int):
     """ValueError unless both kernels fit in shared memory and their accumulators in
     registers at this (padded) head dim."""
@@ -688,7 +861,12 @@ def check_fits(config: MosaicBwdConfig, hp: int):
                 f"{config.block_kv_dkv=} and a dQ share of {rows} x {cols} at head dim {hp} "
                 "are too large for a warpgroup's registers: lower block_kv_dkv or block_q_dkv"
             )
-    elif config.block_q_dq * hp > 128 * 128:
+    elif config.split_dq and hp % 128:
+        raise ValueError(
+            f"split_dq halves dQ's head-dim columns between the warpgroups: head dim {hp} "
+            "has no halves of whole 64-column tiles (it needs a multiple of 128)"
+        )
+    elif config.block_q_dq * hp // (2 if config.split_dq else 1) > 128 * 128:
         raise ValueError(
             f"{config.block_q_dq=} x head dim {hp} is too large for a warpgroup's dQ "
             "accumulator: use block_q_dq=64"
@@ -753,7 +931,7 @@ def backward(
 
     # One padded length serves both kernels: whole dK/dV query tiles and dQ CTAs, whole
     # dK/dV CTAs and dQ key tiles.
-    rows_dq = config.consumers_dq * config.block_q_dq
+    rows_dq = (1 if config.split_dq else config.consumers_dq) * config.block_q_dq
     keys_dkv = config.key_tiles_dkv * config.block_kv_dkv
     t_step = math.lcm(config.block_q_dkv, rows_dq)
     s_step = math.lcm(keys_dkv, config.block_kv_dq)
@@ -869,6 +1047,8 @@ def backward(
     # dQ: one CTA per (query head, consumers * block_q rows, batch).
     bq, bk, stages = config.block_q_dq, config.block_kv_dq, config.num_stages_dq
     c_dq = config.consumers_dq
+    split = config.split_dq
+    q_tiles = 1 if split else c_dq  # query tiles a CTA holds
     num_q_tiles = t_pad // rows_dq
     ranges = masks.tile_range_table(
         masks.kv_tile_range, spec, q_len, kv_len, num_q_tiles, rows_dq, bk, rows_dq
@@ -886,21 +1066,39 @@ def backward(
         ),
         out_type=jax.ShapeDtypeStruct((B, t_pad, N, hp), q.dtype),
         scratch_types=dict(
-            q_smem=tile(c_dq, bq, hp),
-            do_smem=tile(c_dq, bq, hp),
-            lse_smem=plgpu.SMEM((c_dq, bq), jnp.float32),
-            delta_smem=plgpu.SMEM((c_dq, bq), jnp.float32),
+            # split_dq: Q and dO as two column halves (_split_dq_consumer)
+            q_smem=tile(2, bq, hp // 2) if split else tile(c_dq, bq, hp),
+            do_smem=tile(2, bq, hp // 2) if split else tile(c_dq, bq, hp),
+            lse_smem=plgpu.SMEM((q_tiles, bq), jnp.float32),
+            delta_smem=plgpu.SMEM((q_tiles, bq), jnp.float32),
             k_smem=tile(stages, bk, hp),
             v_smem=tile(stages, bk, hp),
-            q_seg_smem=plgpu.SMEM((c_dq, bq), jnp.int32) if with_segs else None,
+            q_seg_smem=plgpu.SMEM((q_tiles, bq), jnp.int32) if with_segs else None,
             kv_seg_smem=plgpu.SMEM((stages, bk), jnp.int32) if with_segs else None,
-            staging_smem=tile(c_dq, bq, bk) if staged else None,
-            # Q, dO, lse, D (and the query ids); K (and its key ids)
-            q_ready=plgpu.Barrier(num_arrivals=4 + with_segs, num_barriers=c_dq),
+            staging_smem=tile(c_dq, bq, bk) if staged and not split else None,
+            # Q, dO, lse, D (and the query ids), or with split_dq Q and lse (and the ids)
+            # only; K (and its key ids)
+            q_ready=plgpu.Barrier(
+                num_arrivals=(3 if split else 4) + with_segs, num_barriers=1 if split else c_dq
+            ),
             k_ready=plgpu.Barrier(num_arrivals=1 + with_segs, num_barriers=stages),
             v_ready=plgpu.Barrier(num_barriers=stages),
             k_free=plgpu.Barrier(num_arrivals=c_dq, num_barriers=stages),
-            v_free=plgpu.Barrier(num_arrivals=c_dq, num_barriers=stages),
+            # split_dq: only warpgroup 1 reads V
+            v_free=plgpu.Barrier(num_arrivals=1 if split else c_dq, num_barriers=stages),
+            split_scratch=(
+                dict(
+                    p=plgpu.SMEM((bq, bk), jnp.float32, transforms=f32_transforms),
+                    ds=tile(bq, bk),
+                    do_ready=plgpu.Barrier(num_arrivals=3),  # dO's halves and D
+                    p_ready=plgpu.Barrier(),
+                    p_free=plgpu.Barrier(),
+                    ds_ready=plgpu.Barrier(),
+                    ds_free=plgpu.Barrier(num_arrivals=2),
+                )
+                if split
+                else None
+            ),
         ),
         grid=(N, num_q_tiles, B),
         grid_names=("heads", "q_tiles", "batch"),

@@ -350,6 +350,13 @@ class MosaicBwdConfig:
       computes dP^T alone where it recomputed S^T = K Q^T and the exp2 as well: four
       matmuls a step where the split did five. The dK warpgroup's P^T was the same
       wgmma on the same tiles, so the gradients keep their bits.
+    split_dq: the dQ kernel's two warpgroups share one query tile of `block_q_dq` rows
+      instead of owning one each: warpgroup 0 computes S and P (and masks), warpgroup 1
+      dP and, from warpgroup 0's float32 P (through shared memory), dS, which it stores
+      for both; each then accumulates half of dQ's head-dim columns, dS K. For head dims
+      above 128, where two warpgroups' Q and dO tiles beside the K/V ring do not fit and
+      the dQ kernel otherwise runs one warpgroup, which overlaps nothing with its own
+      matmuls. Not yet measured, so off.
     """
 
     block_q_dkv: int = 64
@@ -368,6 +375,7 @@ class MosaicBwdConfig:
     step_descriptors: bool = False
     query_rows: bool = False
     share_probs: bool = False
+    split_dq: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
@@ -386,6 +394,8 @@ class MosaicBwdConfig:
             raise ValueError(
                 "share_probs hands P^T from the dV warpgroup to the dK one: it needs split_dkv=True"
             )
+        if self.split_dq and self.consumers_dq != 2:
+            raise ValueError(f"split_dq needs consumers_dq=2, not {self.consumers_dq}")
         if self.fused and self.split_dkv:
             raise ValueError("fused needs split_dkv=False: each consumer owns a key tile")
         if self.query_rows and not self.fused:
@@ -439,10 +449,14 @@ class MosaicBwdConfig:
     def smem_bytes_dq(self, head_dim: int, itemsize: int = 2) -> int:
         """Shared memory of the dQ kernel at this (padded) head dim (an estimate)."""
         bq, bk, c = self.block_q_dq, self.block_kv_dq, self.consumers_dq
-        q_do = c * (2 * bq * head_dim * itemsize + 2 * bq * 4)
+        tiles = 1 if self.split_dq else c  # query tiles a CTA holds
+        q_do = tiles * (2 * bq * head_dim * itemsize + 2 * bq * 4)
         ring = self.num_stages_dq * 2 * bk * head_dim * itemsize
         staged = 0 if self.operands_in_registers else c * bq * bk * itemsize
         barriers = 8 * (4 * self.num_stages_dq + c)
+        if self.split_dq:  # P (float32) and dS handed over; dS is the wgmma operand
+            staged = bq * bk * (4 + itemsize)
+            barriers += 8 * 4
         return q_do + ring + staged + barriers + _MOSAIC_OVERHEAD
 
 
