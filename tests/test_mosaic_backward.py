@@ -227,10 +227,12 @@ def test_interpret_share_probs_changes_no_bit(case):
 
 
 # The dQ kernel's two warpgroups on one query tile (split_dq): head dims 128 and 256,
-# causal with a key length, GQA, and segment ids under causal masking.
+# causal with a key length, GQA, segment ids under causal masking, and seven key tiles
+# (unmasked ones, then a ragged last one) through the two-slot ring.
 SPLIT_DQ_CASES = [
     INTERPRET_CASES[1],
     INTERPRET_CASES[5],
+    Case(1, 64, 400, 1, 1, 128, BF16),
     Case(
         2,
         130,

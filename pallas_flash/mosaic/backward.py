@@ -753,71 +753,136 @@ def _split_dq_consumer(
     else:
         delta = plgpu.load(delta_smem.at[0], layout=_ROW)  # [bq]
 
+    def probs(s_, j, masked: bool):
+        """P [bq, bk] (float32) of key tile j's scores S, masked where the tile needs it."""
+        p = jnp.exp2(s_ * c - _bcast(lse2, shape, 0))
+        if not masked:
+            return p
+        keys = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+        segs = None
+        if q_seg_ref is not None:
+            k_segs = plgpu.load(kv_seg_smem.at[slot_of(j)], layout=_COL)  # [bk]
+            segs = (_bcast(q_segs, shape, 0), _bcast(k_segs, shape, 1))
+        keep = element_mask(spec, config.row_bound_mask, q0, keys, j * bk, kv_len, diag, 0, segs)
+        return jnp.where(keep, p, 0.0)
+
+    def hand_p(p, j):
+        """P of key tile j to warpgroup 1, once it has read the last one."""
+
+        @pl.when(j > lo)
+        def _():
+            plgpu.barrier_wait(scratch["p_free"])
+
+        scratch["p"][...] = p
+        plgpu.barrier_arrive(scratch["p_ready"])
+
+    def hand_ds(dp, j):
+        """dS of key tile j from warpgroup 0's P and this dP, stored for both warpgroups'
+        dS K once both have done the last one's."""
+        plgpu.barrier_wait(scratch["p_ready"])
+        p = plgpu.load(scratch["p"], layout=plgpu.Layout.WGMMA)
+        plgpu.barrier_arrive(scratch["p_free"])
+        ds = (p * (dp - _bcast(delta, shape, 0))).astype(dtype)  # [bq, bk]
+
+        @pl.when(j > lo)
+        def _():
+            plgpu.barrier_wait(scratch["ds_free"])
+
+        scratch["ds"][...] = ds
+        plgpu.commit_smem()  # visible to the wgmmas' async reads
+        plgpu.barrier_arrive(scratch["ds_ready"])
+
+    def with_dq(dq, work):
+        """dq after `work(acc_ref)`, which issues this warpgroup's dS K into acc_ref and
+        may do more while it runs: in place (compiled), or into a fresh accumulator that
+        is added (GPU interpret mode). Awaits every wgmma issued."""
+        if in_place:
+            return pl.run_state(work)(plgpu.ACC.init(dq))
+
+        def fresh(acc_ref):
+            work(acc_ref)
+            return acc_ref[...]
+
+        return dq + pl.run_scoped(fresh, plgpu.ACC((bq, cols), jnp.float32))
+
+    def add_ds_k(acc_ref, j):
+        """dq[:, half] += dS_j @ K_j[:, half], issued (wgmma), not awaited."""
+        k_half = k_smem.at[slot_of(j)].at[:, halves[w]]
+        plgpu.wgmma(acc_ref, scratch["ds"], k_half)
+
+    def release(j):
+        """This warpgroup is done with dS_j and K_j."""
+        plgpu.barrier_arrive(scratch["ds_free"])
+        plgpu.barrier_arrive(k_free.at[slot_of(j)])
+
+    # The steps are pipelined across the warpgroups: step j issues this tile's S (w 0) or
+    # dP (w 1) beside the last tile's dS K, so that the tensor cores have work while the
+    # exp2 (w 0) and dS (w 1) run. The first tile's S / dP comes before the loop, the last
+    # tile's dS K after it.
+    def first(j):
+        plgpu.barrier_wait(k_ready.at[slot_of(j)])
+        if w == 0:  # masked, whatever the tile (one step)
+            hand_p(probs(product(q_smem, k_smem.at[slot_of(j)]), j, True), j)
+        else:
+            plgpu.barrier_wait(v_ready.at[slot_of(j)])
+            dp = product(do_smem, v_smem.at[slot_of(j)])
+            plgpu.barrier_arrive(v_free.at[slot_of(j)])
+            hand_ds(dp, j)
+
     def body(j, dq, *, masked: bool):
         slot = slot_of(j)
-        step = j - lo
-        k_tile = k_smem.at[slot]
-        plgpu.barrier_wait(k_ready.at[slot])  # S here, dS K in both
+        plgpu.barrier_wait(k_ready.at[slot])  # S here; dS K next step in both
         if w == 0:
-            s_ = product(q_smem, k_tile)  # s = q @ k.T
-            p = jnp.exp2(s_ * c - _bcast(lse2, shape, 0))  # [bq, bk]
-            if masked:
-                keys = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
-                segs = None
-                if q_seg_ref is not None:
-                    k_segs = plgpu.load(kv_seg_smem.at[slot], layout=_COL)  # [bk]
-                    segs = (_bcast(q_segs, shape, 0), _bcast(k_segs, shape, 1))
-                keep = element_mask(
-                    spec, config.row_bound_mask, q0, keys, j * bk, kv_len, diag, 0, segs
-                )
-                p = jnp.where(keep, p, 0.0)
 
-            @pl.when(step > 0)  # warpgroup 1 has read the last step's P
-            def _():
-                plgpu.barrier_wait(scratch["p_free"])
+            def work(acc_ref):
+                def scores(s_ref):
+                    for i, half in enumerate(halves):  # s = q @ k.T
+                        k_part = k_smem.at[slot].at[:, half].transpose((1, 0))
+                        plgpu.wgmma(s_ref, q_smem.at[i], k_part)
+                    plgpu.barrier_wait(scratch["ds_ready"])  # dS of tile j - 1
+                    add_ds_k(acc_ref, j - 1)
+                    # wgmma groups complete in order: S is in, dS K runs beside the exp2.
+                    s_ = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
+                    hand_p(probs(s_, j, masked), j)
 
-            scratch["p"][...] = p
-            plgpu.barrier_arrive(scratch["p_ready"])
-        else:
-            v_tile = v_smem.at[slot]
-            plgpu.barrier_wait(v_ready.at[slot])
-            dp = product(do_smem, v_tile)  # dp = do @ v.T
-            plgpu.barrier_arrive(v_free.at[slot])
-            plgpu.barrier_wait(scratch["p_ready"])
-            p = plgpu.load(scratch["p"], layout=plgpu.Layout.WGMMA)
-            plgpu.barrier_arrive(scratch["p_free"])
-            ds = (p * (dp - _bcast(delta, shape, 0))).astype(dtype)  # [bq, bk]
+                pl.run_scoped(scores, plgpu.ACC(shape, jnp.float32))
 
-            @pl.when(step > 0)  # both warpgroups' dS K of the last step are done
-            def _():
-                plgpu.barrier_wait(scratch["ds_free"])
+            dq = with_dq(dq, work)
+            release(j - 1)
+            return dq
 
-            scratch["ds"][...] = ds
-            plgpu.commit_smem()  # visible to the wgmmas' async reads
-            plgpu.barrier_arrive(scratch["ds_ready"])
-        plgpu.barrier_wait(scratch["ds_ready"])
-        k_cols = k_tile.at[:, halves[w]]
-        if in_place:
+        plgpu.barrier_wait(v_ready.at[slot])
 
-            def mma(acc_ref):
-                plgpu.wgmma(acc_ref, scratch["ds"], k_cols)  # dq[:, half] += ds @ k[:, half]
+        def grads(dp_ref):
+            def work(acc_ref):
+                add_ds_k(acc_ref, j - 1)
+                for i, half in enumerate(halves):  # dp = do @ v.T
+                    v_part = v_smem.at[slot].at[:, half].transpose((1, 0))
+                    plgpu.wgmma(dp_ref, do_smem.at[i], v_part)
 
-            dq = pl.run_state(mma)(plgpu.ACC.init(dq))  # awaits the wgmma
-        else:
+            return with_dq(dq, work), dp_ref[...]  # both awaited
 
-            def mma(acc_ref):
-                plgpu.wgmma(acc_ref, scratch["ds"], k_cols)
-                return acc_ref[...]
+        dq, dp = pl.run_scoped(grads, plgpu.ACC(shape, jnp.float32))
+        plgpu.barrier_arrive(v_free.at[slot])
+        release(j - 1)
+        hand_ds(dp, j)
+        return dq
 
-            dq = dq + pl.run_scoped(mma, plgpu.ACC((bq, cols), jnp.float32))
-        plgpu.barrier_arrive(scratch["ds_free"])
-        plgpu.barrier_arrive(k_free.at[slot])
+    def last(dq, j):
+        if w == 0:
+            plgpu.barrier_wait(scratch["ds_ready"])
+        dq = with_dq(dq, lambda acc_ref: add_ds_k(acc_ref, j))
+        release(j)
         return dq
 
     dq = plgpu.layout_cast(jnp.zeros((bq, cols), jnp.float32), plgpu.Layout.WGMMA)
-    dq = lax.fori_loop(lo, full_lo, functools.partial(body, masked=True), dq)
-    dq = lax.fori_loop(full_lo, full_hi, functools.partial(body, masked=False), dq)
-    dq = lax.fori_loop(full_hi, hi, functools.partial(body, masked=True), dq)
+    pl.when(hi > lo)(lambda: first(lo))
+    after = lo + 1
+    dq = lax.fori_loop(after, full_lo, functools.partial(body, masked=True), dq)
+    start = jnp.maximum(full_lo, after)
+    dq = lax.fori_loop(start, full_hi, functools.partial(body, masked=False), dq)
+    dq = lax.fori_loop(jnp.maximum(full_hi, after), hi, functools.partial(body, masked=True), dq)
+    dq = lax.fori_loop(jnp.maximum(hi - 1, lo), hi, lambda j, x: last(x, j), dq)  # once, or not
 
     # Every phase seen: the other warpgroup's release of the last P (w 0) or dS (w 1).
     @pl.when(hi > lo)

@@ -353,10 +353,14 @@ class MosaicBwdConfig:
     split_dq: the dQ kernel's two warpgroups share one query tile of `block_q_dq` rows
       instead of owning one each: warpgroup 0 computes S and P (and masks), warpgroup 1
       dP and, from warpgroup 0's float32 P (through shared memory), dS, which it stores
-      for both; each then accumulates half of dQ's head-dim columns, dS K. For head dims
+      for both; each then accumulates half of dQ's head-dim columns, dS K. The steps are
+      pipelined: each warpgroup issues the next tile's S (or dP) beside the last tile's
+      dS K, so that the tensor cores have work while the exp2 and dS run. For head dims
       above 128, where two warpgroups' Q and dO tiles beside the K/V ring do not fit and
       the dQ kernel otherwise runs one warpgroup, which overlaps nothing with its own
-      matmuls. Not yet measured, so off.
+      matmuls (head dims with whole 64-column halves: multiples of 128). Checked in GPU
+      interpret mode (the reference, no data race) and lowered for sm_90 on CPU; not yet
+      compiled or timed on the GPU, so off.
     """
 
     block_q_dkv: int = 64
