@@ -152,6 +152,26 @@ def _bcast(x, shape, dim: int):
     return lax.broadcast_in_dim(x, shape, [dim])
 
 
+def _row_probs(s, lse2, c, *, masked: bool, mask_args, q_segs=None, k_seg_ref=None):
+    """P = exp2(S c - lse2) [bq, bk] (float32) of scores S with the queries on the rows
+    (the dQ kernels), zero where the mask drops an element when the tile is `masked`.
+    `mask_args` (spec, row_bound_mask, first row, (key tile index, keys a tile), kv_len,
+    diagonal offset) go to `element_mask`; with segment ids, `q_segs` [bq] are the rows'
+    and `k_seg_ref` the key tile's ids in shared memory."""
+    shape = s.shape
+    p = jnp.exp2(s * c - _bcast(lse2, shape, 0))
+    if not masked:
+        return p
+    spec, row_bound, q0, (j, bk), kv_len, diag = mask_args
+    keys = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+    segs = None
+    if q_segs is not None:  # (query ids, key ids), both [bq, bk]
+        k_segs = plgpu.load(k_seg_ref, layout=_COL)  # [bk]
+        segs = (_bcast(q_segs, shape, 0), _bcast(k_segs, shape, 1))
+    keep = element_mask(spec, row_bound, q0, keys, j * bk, kv_len, diag, 0, segs)
+    return jnp.where(keep, p, 0.0)
+
+
 def _dkdv_kernel(
     q_len_ref,
     kv_len_ref,
@@ -651,17 +671,15 @@ def _dq_kernel(
                 shape,
             )
             plgpu.barrier_arrive(v_free.at[slot])
-            p = jnp.exp2(s * c - _bcast(lse2, shape, 0))  # [bq, bk]
-            if masked:
-                keys = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
-                segs = None
-                if q_seg_ref is not None:  # (query ids, key ids), both [bq, bk]
-                    k_segs = plgpu.load(kv_seg_smem.at[slot], layout=_COL)  # [bk]
-                    segs = (_bcast(q_segs, shape, 0), _bcast(k_segs, shape, 1))
-                keep = element_mask(
-                    spec, config.row_bound_mask, q0, keys, j * bk, kv_len, diag, 0, segs
-                )
-                p = jnp.where(keep, p, 0.0)
+            p = _row_probs(
+                s,
+                lse2,
+                c,
+                masked=masked,
+                mask_args=(spec, config.row_bound_mask, q0, (j, bk), kv_len, diag),
+                q_segs=q_segs,
+                k_seg_ref=None if q_segs is None else kv_seg_smem.at[slot],
+            )
             ds = p * (dp - _bcast(delta, shape, 0))  # [bq, bk]
             (dq,) = _accumulate([(dq, ds.astype(dtype), k_tile)], staging)  # dq += ds @ k
             plgpu.barrier_arrive(k_free.at[slot])
@@ -670,8 +688,9 @@ def _dq_kernel(
         plgpu.barrier_wait(q_ready.at[wg])
         lse2 = plgpu.load(lse_smem.at[wg], layout=_ROW)  # [bq], base 2, +inf if empty
         delta = plgpu.load(delta_smem.at[wg], layout=_ROW)  # [bq]
+        q_segs = None  # [bq]: the rows' ids, with segment ids
         if q_seg_ref is not None:
-            q_segs = plgpu.load(q_seg_smem.at[wg], layout=_ROW)  # [bq]: the rows' ids
+            q_segs = plgpu.load(q_seg_smem.at[wg], layout=_ROW)
         dq = plgpu.layout_cast(jnp.zeros((bq, q_tile.shape[-1]), jnp.float32), plgpu.Layout.WGMMA)
         dq = lax.fori_loop(lo, full_lo, functools.partial(body, masked=True), dq)
         dq = lax.fori_loop(full_lo, full_hi, functools.partial(body, masked=False), dq)
@@ -733,12 +752,17 @@ def _split_dq_consumer(
             plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h, half], do_smem.at[i], ready)
         plgpu.copy_gmem_to_smem(delta_ref.at[b, h, rows], delta_smem.at[0], ready)
 
+    def issue_product(acc_ref, a_halves, b_tile):
+        """acc += a @ b.T [bq, bk] over the head dim, from a's two column halves: issued
+        (wgmma), not awaited."""
+        for i, half in enumerate(halves):
+            plgpu.wgmma(acc_ref, a_halves.at[i], b_tile.at[:, half].transpose((1, 0)))
+
     def product(a_halves, b_tile):
         """a @ b.T [bq, bk] over the head dim, from a's two column halves."""
 
         def mma(acc_ref):
-            for i, half in enumerate(halves):
-                plgpu.wgmma(acc_ref, a_halves.at[i], b_tile.at[:, half].transpose((1, 0)))
+            issue_product(acc_ref, a_halves, b_tile)
             return acc_ref[...]
 
         return pl.run_scoped(mma, plgpu.ACC(shape, jnp.float32))
@@ -748,6 +772,7 @@ def _split_dq_consumer(
     c = scale * LOG2E
     if w == 0:
         lse2 = plgpu.load(lse_smem.at[0], layout=_ROW)  # [bq], base 2, +inf if empty
+        q_segs = None
         if q_seg_ref is not None:
             q_segs = plgpu.load(q_seg_smem.at[0], layout=_ROW)
     else:
@@ -755,16 +780,15 @@ def _split_dq_consumer(
 
     def probs(s_, j, masked: bool):
         """P [bq, bk] (float32) of key tile j's scores S, masked where the tile needs it."""
-        p = jnp.exp2(s_ * c - _bcast(lse2, shape, 0))
-        if not masked:
-            return p
-        keys = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
-        segs = None
-        if q_seg_ref is not None:
-            k_segs = plgpu.load(kv_seg_smem.at[slot_of(j)], layout=_COL)  # [bk]
-            segs = (_bcast(q_segs, shape, 0), _bcast(k_segs, shape, 1))
-        keep = element_mask(spec, config.row_bound_mask, q0, keys, j * bk, kv_len, diag, 0, segs)
-        return jnp.where(keep, p, 0.0)
+        return _row_probs(
+            s_,
+            lse2,
+            c,
+            masked=masked,
+            mask_args=(spec, config.row_bound_mask, q0, (j, bk), kv_len, diag),
+            q_segs=q_segs,
+            k_seg_ref=None if q_segs is None else kv_seg_smem.at[slot_of(j)],
+        )
 
     def hand_p(p, j):
         """P of key tile j to warpgroup 1, once it has read the last one."""
@@ -836,9 +860,7 @@ def _split_dq_consumer(
 
             def work(acc_ref):
                 def scores(s_ref):
-                    for i, half in enumerate(halves):  # s = q @ k.T
-                        k_part = k_smem.at[slot].at[:, half].transpose((1, 0))
-                        plgpu.wgmma(s_ref, q_smem.at[i], k_part)
+                    issue_product(s_ref, q_smem, k_smem.at[slot])  # s = q @ k.T
                     plgpu.barrier_wait(scratch["ds_ready"])  # dS of tile j - 1
                     add_ds_k(acc_ref, j - 1)
                     # wgmma groups complete in order: S is in, dS K runs beside the exp2.
@@ -856,9 +878,7 @@ def _split_dq_consumer(
         def grads(dp_ref):
             def work(acc_ref):
                 add_ds_k(acc_ref, j - 1)
-                for i, half in enumerate(halves):  # dp = do @ v.T
-                    v_part = v_smem.at[slot].at[:, half].transpose((1, 0))
-                    plgpu.wgmma(dp_ref, do_smem.at[i], v_part)
+                issue_product(dp_ref, do_smem, v_smem.at[slot])  # dp = do @ v.T
 
             return with_dq(dq, work), dp_ref[...]  # both awaited
 
