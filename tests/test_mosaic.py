@@ -413,12 +413,25 @@ def test_config_validation():
             MosaicConfig(intra_overlap=True, **{flag: True})
     with pytest.raises(ValueError, match="not with persistent"):
         MosaicConfig(intra_overlap=True, persistent=True)
+    with pytest.raises(ValueError, match="q_register_cols"):
+        MosaicConfig(q_register_cols=96)
     q = jnp.ones((1, 8, 1, 256), BF16)
     lens = jnp.full((1,), 8, jnp.int32)
     too_big = MosaicConfig(block_kv=256, num_stages=2)
     with pytest.raises(ValueError, match="shared memory"):
         mosaic_forward.forward(
             q, q, q, lens, lens, spec=masks.MaskSpec(), scale=1.0, config=too_big
+        )
+    with pytest.raises(ValueError, match="q_register_cols=320 exceeds the head dim"):
+        mosaic_forward.forward(
+            q,
+            q,
+            q,
+            lens,
+            lens,
+            spec=masks.MaskSpec(),
+            scale=1.0,
+            config=MosaicConfig(q_register_cols=320),
         )
 
 
@@ -434,23 +447,34 @@ LOWERINGS = {
 
 
 @pytest.mark.parametrize(
-    "p_in_registers,rescale_early,overlap,persistent",
+    "p_in_registers,rescale_early,overlap,persistent,q_cols",
     [
-        (True, False, False, False),
-        (False, False, False, False),
-        (True, True, False, False),
-        (True, False, True, False),
-        (True, True, False, True),
+        (True, False, False, False, 0),
+        (False, False, False, False, 0),
+        (True, True, False, False, 0),
+        (True, False, True, False, 0),
+        (True, True, False, True, 0),
+        (True, True, False, False, 64),
+        (True, False, True, False, 64),
     ],
-    ids=["p-regs", "p-smem", "p-regs-early", "p-regs-overlap", "p-regs-early-persistent"],
+    ids=[
+        "p-regs",
+        "p-smem",
+        "p-regs-early",
+        "p-regs-overlap",
+        "p-regs-early-persistent",
+        "q-regs-early",
+        "q-regs-overlap",
+    ],
 )
 @pytest.mark.parametrize("head_dim,dtype,spec", LOWERINGS.values(), ids=LOWERINGS.keys())
 def test_compiled_kernel_lowers_for_hopper(
-    head_dim, dtype, spec, p_in_registers, rescale_early, overlap, persistent
+    head_dim, dtype, spec, p_in_registers, rescale_early, overlap, persistent, q_cols
 ):
     """Lowering for CUDA runs on CPU: Pallas to the Mosaic GPU dialect, its layout
     inference for sm_90, the lowering of that dialect and the shared-memory check. What
-    is left for the GPU: LLVM/PTX code generation, ptxas, and running it."""
+    is left for the GPU: LLVM/PTX code generation, ptxas, and running it. q_cols: Q's
+    first columns from registers (q_register_cols; at head dim 64 all of them)."""
     config = dataclasses.replace(
         default_mosaic_config(head_dim),
         p_in_registers=p_in_registers,
@@ -458,6 +482,7 @@ def test_compiled_kernel_lowers_for_hopper(
         early_k_wait=rescale_early,
         intra_overlap=overlap,
         persistent=persistent,
+        q_register_cols=q_cols,
     )
 
     def f(q, k, v, q_len, kv_len):
@@ -635,6 +660,30 @@ def test_gpu_row_bound_mask_changes_no_bit(case):
     seed = seed_of(case)
     chex.assert_trees_all_equal(
         _mosaic(case, config, False, seed), _mosaic(case, rows, False, seed)
+    )
+
+
+# (case, columns of Q in registers): 64 and 128 where the padded head dim has them.
+Q_REGISTER_CASES = [
+    pytest.param(case, cols, id=f"{case.id}-q{cols}")
+    for case in GPU_CASES
+    for cols in (64, 128)
+    if cols <= padded_head_dim(case.head_dim)
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case,cols", Q_REGISTER_CASES)
+def test_gpu_q_register_cols_match_reference_and_change_no_bit(case, cols):
+    """q_register_cols compiled: Q's first `cols` columns enter Q K^T from registers.
+    Checked against the reference, and bitwise against the call's default row (the same
+    products accumulated in the same order)."""
+    config = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
+    q_regs = dataclasses.replace(config, q_register_cols=cols)
+    seed = seed_of(case)
+    _compare(case, q_regs, interpret=False, seed=seed)
+    chex.assert_trees_all_equal(
+        _mosaic(case, config, False, seed), _mosaic(case, q_regs, False, seed)
     )
 
 

@@ -211,6 +211,15 @@ class MosaicConfig:
       at head dim 128 (where each score carries twice the matmul work), with
       the same bits over the compiled case table's causal rows
       (test_gpu_row_bound_mask_changes_no_bit).
+    q_register_cols: the first this many of Q's head-dim columns (a multiple of 64; 0:
+      none) are loaded into registers once per query tile, and Q K^T takes them as its
+      wgmma A operand from there, the rest from shared memory. A wgmma that reads both
+      operands from shared memory at N = 64 (head dim 256's 64-key tiles) moves 4 KiB
+      per 32 tensor-core cycles, the whole 128 bytes a cycle an SM's shared memory
+      gives, beside the TMA writes of the next tiles; an A from registers halves that
+      matmul's reads. It costs `q_register_cols / 4` registers a thread (Q is bf16/fp16;
+      64 rows x cols / 128 threads / 2 per register), held across the key loop. Not in
+      GPU interpret mode (whose wgmma reads A from shared memory only), where it is 0.
     """
 
     block_q: int = 64
@@ -223,8 +232,11 @@ class MosaicConfig:
     intra_overlap: bool = False
     persistent: bool = False
     row_bound_mask: bool = True
+    q_register_cols: int = 0
 
     def __post_init__(self):
+        if self.q_register_cols % 64 or self.q_register_cols < 0:
+            raise ValueError(f"{self.q_register_cols=} must be a multiple of 64 (0: none)")
         if self.block_q % 64 or self.block_q < 64:
             raise ValueError(f"{self.block_q=} must be a positive multiple of 64")
         if self.block_kv % 64 or not 64 <= self.block_kv <= 256:

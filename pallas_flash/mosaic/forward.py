@@ -492,9 +492,22 @@ def _kernel(
                     spec, config.row_bound_mask, q0, cols, j * block_kv, kv_len, diag, 0, segs
                 )  # [block_q, block_kv]
 
+            def issue_qk(s_ref, slot):  # Q K^T of the K tile in `slot`, issued
+                k_tile = k_smem.at[slot]
+                if q_regs is None:
+                    plgpu.wgmma(s_ref, q_smem, k_tile.transpose((1, 0)))
+                    return
+                # q_register_cols: Q's first columns from registers, the rest from shared
+                # memory, in the order of the contraction, as one wgmma would take them.
+                c = config.q_register_cols
+                plgpu.wgmma(s_ref, q_regs, k_tile.at[:, pl.ds(0, c)].transpose((1, 0)))
+                if c < head_dim:
+                    rest = pl.ds(c, head_dim - c)
+                    plgpu.wgmma(s_ref, q_smem.at[:, rest], k_tile.at[:, rest].transpose((1, 0)))
+
             def qk_scores(slot):  # Q K^T of the K tile in `slot` [block_q, block_kv], awaited
                 def qk(s_ref):
-                    plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
+                    issue_qk(s_ref, slot)
                     pingpong.meet()  # ours are issued: the other consumer may issue its own
                     return s_ref[...]  # waits for this wgmma
 
@@ -586,7 +599,7 @@ def _kernel(
                 pingpong.my_turn()  # our turn: Q K^T of j and P V of j - 1
 
                 def scores(s_ref, pv_ref, p_prev):  # issue both, wait for Q K^T only
-                    plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
+                    issue_qk(s_ref, slot)
                     plgpu.wgmma(pv_ref, p_prev, v_smem.at[prev])
                     pingpong.meet()
                     # wgmma groups complete in order: at most one in flight is the P V.
@@ -662,6 +675,11 @@ def _kernel(
                 plgpu.layout_cast(jnp.zeros((block_q,), jnp.float32), row_layout),
             )
             plgpu.barrier_wait(q_ready.at[wg])
+            q_regs = None  # q_register_cols: those columns of Q, as Q K^T's A operand
+            if config.q_register_cols:
+                q_regs = plgpu.load(
+                    q_smem.at[:, pl.ds(0, config.q_register_cols)], layout=plgpu.Layout.WGMMA
+                )
             q_segs = None
             if q_seg_ref is not None:
                 q_segs = plgpu.load(q_seg_smem.at[wg], layout=_ROW)  # [block_q]
@@ -782,9 +800,13 @@ def forward(
         raise NotImplementedError(reason)
     if interpret is True:
         interpret = plgpu.InterpretGPUParams()
-    if interpret is not False:  # the interpreter's wgmma reads P from shared memory only
-        config = dataclasses.replace(config, p_in_registers=False)
+    if interpret is not False:  # the interpreter's wgmma reads A from shared memory only
+        config = dataclasses.replace(config, p_in_registers=False, q_register_cols=0)
     hp = padded_head_dim(H)
+    if config.q_register_cols > hp:
+        raise ValueError(
+            f"q_register_cols={config.q_register_cols} exceeds the head dim ({hp} padded)"
+        )
     if config.smem_bytes(hp) > SMEM_BYTES:
         raise ValueError(
             f"{config} needs {config.smem_bytes(hp)} bytes of shared memory at head dim "
