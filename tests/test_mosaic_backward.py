@@ -363,6 +363,10 @@ def test_config_validation():
         MosaicBwdConfig(share_probs=True)
     with pytest.raises(ValueError, match="split_dq needs consumers_dq=2"):
         MosaicBwdConfig(split_dq=True, consumers_dq=1)
+    with pytest.raises(ValueError, match="q_do_in_registers .* not with split_dq or fused"):
+        MosaicBwdConfig(q_do_in_registers=True, split_dq=True)
+    with pytest.raises(ValueError, match="k_v_in_registers .* not with split_dkv or fused"):
+        MosaicBwdConfig(k_v_in_registers=True, fused=True)
     q = jnp.ones((1, 8, 1, 256), BF16)
     lse = jnp.zeros((1, 1, 8), jnp.float32)
     lens = jnp.full((1,), 8, jnp.int32)
@@ -370,12 +374,22 @@ def test_config_validation():
         (MosaicBwdConfig(split_dkv=True), "shared memory in its dQ kernel"),
         (MosaicBwdConfig(consumers_dq=1, num_stages_dkv=3), "shared memory in its dK/dV"),
         (MosaicBwdConfig(consumers_dkv=1, consumers_dq=1), "accumulators"),
+        (
+            MosaicBwdConfig(split_dkv=True, consumers_dq=1, q_do_in_registers=True),
+            "q_do_in_registers at head dim 256",
+        ),
     ]:
         with pytest.raises(ValueError, match=match):
             mosaic_backward.backward(
                 q, q, q, q, lse, q, None, lens, lens, spec=masks.MaskSpec(), scale=1.0,
                 config=config,
             )  # fmt: skip
+    q = jnp.ones((1, 8, 1, 128), BF16)
+    with pytest.raises(ValueError, match="k_v_in_registers at head dim 128"):
+        mosaic_backward.backward(
+            q, q, q, q, lse, q, None, lens, lens, spec=masks.MaskSpec(), scale=1.0,
+            config=MosaicBwdConfig(k_v_in_registers=True),
+        )  # fmt: skip
 
 
 # --- the fused kernel: one kernel, dQ added in a fixed order (mosaic/dq_adds.py) ------
@@ -801,6 +815,27 @@ def test_gpu_share_probs_changes_no_bit(case):
     (and both are within the reference's tolerance)."""
     config = dataclasses.replace(default_mosaic_bwd_config(case.head_dim), split_dkv=True)
     _flag_changes_no_bit(case, config, "share_probs", False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "case", [c for c in GPU_CASES if padded_head_dim(c.head_dim) <= 128], ids=lambda c: c.id
+)
+def test_gpu_q_do_in_registers_changes_no_bit(case):
+    """q_do_in_registers compiled (the dQ kernel's Q and dO as register A operands): the
+    same products in the same order, so the head dim's row's bits (and the reference's
+    tolerance), at the head dims whose registers hold them."""
+    _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "q_do_in_registers", False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "case", [c for c in GPU_CASES if padded_head_dim(c.head_dim) == 64], ids=lambda c: c.id
+)
+def test_gpu_k_v_in_registers_changes_no_bit(case):
+    """k_v_in_registers compiled (the dK/dV kernel's K and V as register A operands), at
+    head dim 64, the one whose registers hold them beside dK and dV."""
+    _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "k_v_in_registers", False)
 
 
 @pytest.mark.gpu

@@ -484,9 +484,10 @@ def _dkdv_kernel(
                 )  # fmt: skip
                 plgpu.barrier_arrive(free.at[slot])
                 return carry
-            pairs = [(k_tile, q_tile.transpose((1, 0)))]  # s^T = k @ q.T: [bk, bq]
+            k_a, v_a = (k_tile, v_tile) if kv_regs is None else kv_regs
+            pairs = [(k_a, q_tile.transpose((1, 0)))]  # s^T = k @ q.T: [bk, bq]
             if does_dk:
-                pairs.append((v_tile, do_tile.transpose((1, 0))))  # dp^T = v @ do.T: [bk, bq]
+                pairs.append((v_a, do_tile.transpose((1, 0))))  # dp^T = v @ do.T: [bk, bq]
             products = _products(pairs, shape)
             p_t = probs(products[0], i, slot, masked)
             terms = []
@@ -513,6 +514,9 @@ def _dkdv_kernel(
             jnp.zeros((bk, k_tile.shape[-1]), jnp.float32), plgpu.Layout.WGMMA
         )
         plgpu.barrier_wait(kv_ready)
+        kv_regs = None  # k_v_in_registers: K and V, the A operands of S^T and dP^T
+        if config.k_v_in_registers:
+            kv_regs = tuple(plgpu.load(x, layout=plgpu.Layout.WGMMA) for x in (k_tile, v_tile))
         if kv_seg_ref is not None:
             # [bk]: the tile's key ids, along the rows of S^T (or the columns of S)
             k_segs = plgpu.load(kv_seg_smem.at[t], layout=_COL if config.query_rows else _ROW)
@@ -665,8 +669,8 @@ def _dq_kernel(
             plgpu.barrier_wait(v_ready.at[slot])
             s, dp = _products(
                 [
-                    (q_tile, k_tile.transpose((1, 0))),  # s = q @ k.T: [bq, bk]
-                    (do_tile, v_tile.transpose((1, 0))),  # dp = do @ v.T: [bq, bk]
+                    (q_a, k_tile.transpose((1, 0))),  # s = q @ k.T: [bq, bk]
+                    (do_a, v_tile.transpose((1, 0))),  # dp = do @ v.T: [bq, bk]
                 ],
                 shape,
             )
@@ -686,6 +690,9 @@ def _dq_kernel(
             return dq
 
         plgpu.barrier_wait(q_ready.at[wg])
+        q_a, do_a = q_tile, do_tile  # the A operands of S and dP
+        if config.q_do_in_registers:  # loaded once, read from registers in every step
+            q_a, do_a = (plgpu.load(x, layout=plgpu.Layout.WGMMA) for x in (q_tile, do_tile))
         lse2 = plgpu.load(lse_smem.at[wg], layout=_ROW)  # [bq], base 2, +inf if empty
         delta = plgpu.load(delta_smem.at[wg], layout=_ROW)  # [bq]
         q_segs = None  # [bq]: the rows' ids, with segment ids
@@ -956,6 +963,18 @@ def check_fits(config: MosaicBwdConfig, hp: int):
             f"{config.block_q_dq=} x head dim {hp} is too large for a warpgroup's dQ "
             "accumulator: use block_q_dq=64"
         )
+    # Q and dO (16-bit) in registers cost what the dQ accumulator does; K and V what one
+    # of dK, dV does.
+    if config.q_do_in_registers and 2 * config.block_q_dq * hp > 128 * 128:
+        raise ValueError(
+            f"q_do_in_registers at head dim {hp}: Q, dO and dQ of {config.block_q_dq} rows "
+            "are too large for a warpgroup's registers (head dim 128 at most, 64-row tiles)"
+        )
+    if config.k_v_in_registers and 3 * config.block_kv_dkv * hp > 160 * 128:
+        raise ValueError(
+            f"k_v_in_registers at head dim {hp}: K, V, dK and dV of {config.block_kv_dkv} "
+            "keys are too large for a warpgroup's registers (head dim 64 at most, 64-key tiles)"
+        )
 
 
 def backward(
@@ -1012,7 +1031,13 @@ def backward(
     if interpret is True:
         interpret = plgpu.InterpretGPUParams()
     if interpret is not False:  # the interpreter's wgmma reads shared memory only
-        config = dataclasses.replace(config, operands_in_registers=False, fa3_order=False)
+        config = dataclasses.replace(
+            config,
+            operands_in_registers=False,
+            fa3_order=False,
+            q_do_in_registers=False,
+            k_v_in_registers=False,
+        )
 
     # One padded length serves both kernels: whole dK/dV query tiles and dQ CTAs, whole
     # dK/dV CTAs and dQ key tiles.

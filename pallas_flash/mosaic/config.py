@@ -373,6 +373,17 @@ class MosaicBwdConfig:
       matmuls (head dims with whole 64-column halves: multiples of 128). Checked in GPU
       interpret mode (the reference, no data race) and lowered for sm_90 on CPU; not yet
       compiled or timed on the GPU, so off.
+    q_do_in_registers: the dQ kernel loads its query tile's Q and dO into registers once
+      and S = Q K^T and dP = dO V^T take them as the wgmma A operand from there: a wgmma
+      at N = 64 with both operands in shared memory reads 4 KiB per 32 tensor-core
+      cycles, all of an SM's 128 bytes a cycle; with A in registers half that. Costs
+      block_q_dq x head dim / 128 registers a thread (both tiles, 16-bit), so up to head
+      dim 128 with 64-row tiles. Not with split_dq or fused (no such dQ kernel).
+    k_v_in_registers: the same in the dK/dV kernel for its resident K and V (the A
+      operands of S^T = K Q^T and dP^T = V dO^T): block_kv_dkv x head dim / 128
+      registers a thread beside dK and dV, so head dim 64. Not with split_dkv or fused.
+      Both compiled only: GPU interpret mode's wgmma reads A from shared memory, and
+      there (with operands_in_registers off) they are off.
     """
 
     block_q_dkv: int = 64
@@ -392,6 +403,8 @@ class MosaicBwdConfig:
     query_rows: bool = False
     share_probs: bool = False
     split_dq: bool = False
+    q_do_in_registers: bool = False
+    k_v_in_registers: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
@@ -412,6 +425,14 @@ class MosaicBwdConfig:
             )
         if self.split_dq and self.consumers_dq != 2:
             raise ValueError(f"split_dq needs consumers_dq=2, not {self.consumers_dq}")
+        if self.q_do_in_registers and (self.split_dq or self.fused):
+            raise ValueError(
+                "q_do_in_registers is the plain dQ kernel's: not with split_dq or fused"
+            )
+        if self.k_v_in_registers and (self.split_dkv or self.fused):
+            raise ValueError(
+                "k_v_in_registers is the plain dK/dV kernel's: not with split_dkv or fused"
+            )
         if self.fused and self.split_dkv:
             raise ValueError("fused needs split_dkv=False: each consumer owns a key tile")
         if self.query_rows and not self.fused:
