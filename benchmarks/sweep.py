@@ -78,6 +78,9 @@ MOSAIC_FWD_SPACE = dict(
     early_k_wait=(False, True),
     intra_overlap=(False, True),  # a schedule of its own: not with the two flags above
     persistent=(False, True),  # not with intra_overlap
+    # As every default row: Q's first 64 columns in registers (beside none, timed at
+    # 19797c5: 1.01-1.02x; config.Q_REGISTER_COLS).
+    q_register_cols=(64,),
 )
 # The backward's two kernels, each varied with the other at its default.
 MOSAIC_DKV_SPACE = dict(

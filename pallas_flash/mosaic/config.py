@@ -15,7 +15,9 @@ Default-config table (16-bit inputs; head dim padded up to a multiple of 64):
 | 192, 256, keys <= 8192, not causal | the same, persistent | 2 | 199,768 (O through Q's buffer) |
 
 (Shared memory as Mosaic GPU's lowering reports it, with P in registers; "bound":
-`smem_bytes`' upper bound, for rows not yet read off a lowering.)
+`smem_bytes`' upper bound, for rows not yet read off a lowering.) Every row holds Q's
+first 64 head-dim columns in registers (`q_register_cols=64`, since 19797c5's runs, see
+`Q_REGISTER_COLS` below).
 
 Evidence: the forward sweep on the H200 (`python -m benchmarks.sweep --family mosaic`,
 gpu_run.sh step `sweep-mosaic:HD:fwd`; B=2, T=S=8k, bf16; TFLOP/s non-causal / causal;
@@ -217,9 +219,17 @@ class MosaicConfig:
       operands from shared memory at N = 64 (head dim 256's 64-key tiles) moves 4 KiB
       per 32 tensor-core cycles, the whole 128 bytes a cycle an SM's shared memory
       gives, beside the TMA writes of the next tiles; an A from registers halves that
-      matmul's reads. It costs `q_register_cols / 4` registers a thread (Q is bf16/fp16;
-      64 rows x cols / 128 threads / 2 per register), held across the key loop. Not in
-      GPU interpret mode (whose wgmma reads A from shared memory only), where it is 0.
+      matmul's reads. It costs block_q x q_register_cols / 256 registers a thread (Q is
+      16-bit: rows x cols / 128 threads / 2 a register), held across the key loop. Not
+      in GPU interpret mode (whose wgmma reads A from shared memory only), where it is
+      0. Compiled at 19797c5 (`results/mosaic-19797c5/`): it gives the default's bits and
+      passes the reference on every row of the compiled case table with 64 and with 128
+      columns (46 of 46, `mosaic-tests-operands-in-registers.log`); ptxas: no spills at
+      head dims 64, 128, 256 (`ptxas-operands-in-registers.jsonl`). Beside the default
+      in one process (bf16, B x T = 16k, non-causal 8k, forward TFLOP/s): 64 columns
+      472.8 / 595.5 / 621.0 against 466.2 / 587.6 / 613.5 at head dims 64 / 128 / 256
+      (1.01x each); 128 columns 594.2 at 128 and 614.8 at 256 (1.01x / 1.00x). So
+      shared-memory bandwidth is not what holds the forward back: at most about 1 %.
     """
 
     block_q: int = 64
@@ -371,17 +381,27 @@ class MosaicBwdConfig:
       above 128, where two warpgroups' Q and dO tiles beside the K/V ring do not fit and
       the dQ kernel otherwise runs one warpgroup, which overlaps nothing with its own
       matmuls (head dims with whole 64-column halves: multiples of 128). Checked in GPU
-      interpret mode (the reference, no data race) and lowered for sm_90 on CPU; not yet
-      compiled or timed on the GPU, so off.
+      interpret mode (the reference, no data race) and lowered for sm_90 on CPU.
+      Compiled at 19797c5 it passed the benchmark's check against the float32 reference
+      and its backward ran 372.0 TFLOP/s against the default's 374.0 at head dim 256
+      non-causal 8k (0.99x; `results/mosaic-19797c5/fa-mosaic-256-regs.jsonl`): the one
+      dQ warpgroup is not what head dim 256's backward waits on. Off; its compiled
+      tests have not run.
     q_do_in_registers: the dQ kernel loads its query tile's Q and dO into registers once
       and S = Q K^T and dP = dO V^T take them as the wgmma A operand from there: a wgmma
       at N = 64 with both operands in shared memory reads 4 KiB per 32 tensor-core
       cycles, all of an SM's 128 bytes a cycle; with A in registers half that. Costs
       block_q_dq x head dim / 128 registers a thread (both tiles, 16-bit), so up to head
-      dim 128 with 64-row tiles. Not with split_dq or fused (no such dQ kernel).
+      dim 128 with 64-row tiles. Not with split_dq or fused (no such dQ kernel). At
+      19797c5, with q_register_cols=64 in the forward, backward TFLOP/s at non-causal
+      8k (bf16, B x T = 16k) 373.8 / 462.6 against the default's 364.9 / 456.9 at head
+      dims 64 / 128 (1.02x / 1.01x; cuDNN 429.4 / 514.7); no spills.
     k_v_in_registers: the same in the dK/dV kernel for its resident K and V (the A
       operands of S^T = K Q^T and dP^T = V dO^T): block_kv_dkv x head dim / 128
       registers a thread beside dK and dV, so head dim 64. Not with split_dkv or fused.
+      At 19797c5 ptxas spills 128 bytes and serializes the dK/dV kernel's wgmmas
+      (C7512) with it at head dim 64, and its backward ran 342.9 TFLOP/s against the
+      default's 364.9 (0.94x, non-causal 8k), so it stays off.
       Both compiled only: GPU interpret mode's wgmma reads A from shared memory, and
       there (with operands_in_registers off) they are off.
     """
@@ -502,6 +522,17 @@ def padded_head_dim(head_dim: int) -> int:
     return -(-head_dim // 64) * 64
 
 
+# Q's head-dim columns each default row holds in registers (MosaicConfig.q_register_cols).
+# Beside the rows without it, in one process each (results/mosaic-19797c5/; bf16, B x T
+# = 16k, forward TFLOP/s): non-causal 8k 472.8 / 595.5 / 621.0 against 466.2 / 587.6 /
+# 613.5 at head dims 64 / 128 / 256; 16k 485.3 / 604.6 / 627.8 against 481.8 / 599.4 /
+# 621.6, and 595.4 against 582.7 at head dim 128 causal 16k: 1.01x-1.02x at each of the
+# seven points. 128 columns ran 1.01x / 1.00x at 128 / 256 (8k). Compiled, it gives the
+# rows' bits on all 23 rows of the case table, with 64 columns and with 128
+# (test_gpu_q_register_cols_match_reference_and_change_no_bit, 46 of 46), so the
+# default's earlier compiled tests stand for it.
+Q_REGISTER_COLS = 64
+
 # Key lengths up to which the head-dim-64 default is persistent (measured at 1k and 2k).
 PERSISTENT_MAX_KEYS = 2048
 # Key lengths up to which the head-dim-192/256 default is persistent when not causal
@@ -529,18 +560,29 @@ def default_mosaic_config(
             num_stages=2,
             early_k_wait=True,
             persistent=short,
+            q_register_cols=Q_REGISTER_COLS,
         )
     if hp <= 128:
         # Persistent when not causal: 1.06x / 1.06x / 1.00x / 1.01x at 1k / 2k / 8k /
         # 16k; causal 0.90-0.98x (module docstring).
         return MosaicConfig(
-            block_q=64, block_kv=128, num_stages=2, early_k_wait=True, persistent=causal is False
+            block_q=64,
+            block_kv=128,
+            num_stages=2,
+            early_k_wait=True,
+            persistent=causal is False,
+            q_register_cols=Q_REGISTER_COLS,
         )
     # Persistent when not causal up to 8192 keys: 1.01-1.05x at 1k-8k (docstring).
     short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS_256
     persistent = short and causal is False
     return MosaicConfig(
-        block_q=64, block_kv=64, num_stages=2, early_k_wait=True, persistent=persistent
+        block_q=64,
+        block_kv=64,
+        num_stages=2,
+        early_k_wait=True,
+        persistent=persistent,
+        q_register_cols=Q_REGISTER_COLS,
     )
 
 
