@@ -158,6 +158,17 @@ def summary_table(
     return "\n".join(head + out) + "\n"
 
 
+def _run_letter(i: int) -> str:
+    """a, b, ..., z, then aa, ab, ...: a run's tag in the point-by-point table (letters
+    only, so that none is a table's cell separator)."""
+    letters = ""
+    i += 1
+    while i:
+        i, r = divmod(i - 1, 26)
+        letters = chr(ord("a") + r) + letters
+    return letters
+
+
 def latest_table(
     rows: list[dict],
     ours: str = "pallas_flash:mosaic",
@@ -196,7 +207,7 @@ def latest_table(
     if not cells:
         return ""
     runs = sorted({run_id for _, run_id in cells.values()})
-    tag = {run_id: chr(ord("a") + i) for i, run_id in enumerate(runs)}
+    tag = {run_id: _run_letter(i) for i, run_id in enumerate(runs)}
     seqs = sorted({key[3] for key in cells})
     out = [
         f"{ours} point by point, from the newest run that timed it beside the peers there: "

@@ -442,6 +442,26 @@ def test_latest_table_takes_each_point_from_the_newest_full_run():
     assert render.latest_table(rows(new, "fwd", 1024, {"jax.nn:cudnn": 1})) == ""
 
 
+def test_latest_table_names_runs_past_z_in_letters():
+    """The 27th run is `aa`, not the character after `z` (`{`, and `|` splits a cell)."""
+    base = dict(suite="fa", mask="none", error=None, head_dim=64, causal=False, seq_q=1024)
+    rows = [
+        dict(base, run_id=f"20261201-{i:06d}-c", impl=impl, tflops=100.0 + i, **{"pass": "bwd"})
+        for i in range(28)
+        for impl in ("pallas_flash:mosaic", "jax.nn:cudnn")
+    ]
+    # one cell a run: each run times a length of its own
+    for i, row in enumerate(rows):
+        row["seq_q"] = 1024 * (1 + i // 2)
+    lines = render.latest_table(rows).splitlines()
+    assert lines[-3:] == [
+        f"z: 20261201-{25:06d}-c",
+        f"aa: 20261201-{26:06d}-c",
+        f"ab: 20261201-{27:06d}-c",
+    ]
+    assert "1.00x ab |" in lines[4]
+
+
 def test_seqs_keep_only_those_query_lengths(tmp_path, capsys):
     """--seqs narrows a suite to some lengths (a point a time budget cut); a filter that
     leaves nothing is an error naming the suite, not an empty run."""
