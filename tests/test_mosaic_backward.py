@@ -367,6 +367,8 @@ def test_config_validation():
         MosaicBwdConfig(q_do_in_registers=True, split_dq=True)
     with pytest.raises(ValueError, match="k_v_in_registers .* not with split_dkv or fused"):
         MosaicBwdConfig(k_v_in_registers=True, fused=True)
+    with pytest.raises(ValueError, match="solo_dq_registers .* consumers_dq=1 \\(not 2\\)"):
+        MosaicBwdConfig(solo_dq_registers=True)
     q = jnp.ones((1, 8, 1, 256), BF16)
     lse = jnp.zeros((1, 1, 8), jnp.float32)
     lens = jnp.full((1,), 8, jnp.int32)
@@ -836,6 +838,16 @@ def test_gpu_k_v_in_registers_changes_no_bit(case):
     """k_v_in_registers compiled (the dK/dV kernel's K and V as register A operands), at
     head dim 64, the one whose registers hold them beside dK and dV."""
     _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "k_v_in_registers", False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "case", [c for c in GPU_CASES if padded_head_dim(c.head_dim) > 128], ids=lambda c: c.id
+)
+def test_gpu_solo_dq_registers_change_no_bit(case):
+    """solo_dq_registers compiled (the one dQ warpgroup of head dims above 128 with 256
+    registers): the same code with more registers, so the default's bits."""
+    _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "solo_dq_registers", False)
 
 
 @pytest.mark.gpu

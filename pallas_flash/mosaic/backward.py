@@ -90,6 +90,7 @@ from pallas_flash.mosaic.config import (
     FUSED_SIDE_REGISTERS,
     PRODUCER_REGISTERS,
     SMEM_BYTES,
+    SOLO_CONSUMER_REGISTERS,
     SWIZZLE,
     MosaicBwdConfig,
     padded_head_dim,
@@ -641,7 +642,8 @@ def _dq_kernel(
 
     @pl.when(wg < consumers)
     def _consumer():
-        plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+        regs = SOLO_CONSUMER_REGISTERS if config.solo_dq_registers else CONSUMER_REGISTERS
+        plgpu.set_max_registers(regs, action="increase")
         q0 = (tile * consumers + wg) * bq
         rows_of = (b, pl.ds(q0, bq), h)
         q_tile, do_tile = q_smem.at[wg], do_smem.at[wg]

@@ -153,6 +153,9 @@ NUM_CONSUMERS = 2
 # the register file of one SM.
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
+# A kernel with one consumer warpgroup (the dQ kernel at head dims 192-256) could give it
+# the most setmaxnreg allows: 128 * 40 + 128 * 256 <= 65536 (MosaicBwdConfig.solo_dq_registers).
+SOLO_CONSUMER_REGISTERS = 256
 # The fused backward adds a fourth warpgroup (dq_adds.writer): the producer and it
 # keep 24 each, 2 * 128 * 24 + 256 * 232 = 65536.
 FUSED_SIDE_REGISTERS = 24
@@ -402,6 +405,11 @@ class MosaicBwdConfig:
       At 19797c5 ptxas spills 128 bytes and serializes the dK/dV kernel's wgmmas
       (C7512) with it at head dim 64, and its backward ran 342.9 TFLOP/s against the
       default's 364.9 (0.94x, non-causal 8k), so it stays off.
+    solo_dq_registers: with one dQ warpgroup (consumers_dq=1, the default at head dims
+      192-256), it takes SOLO_CONSUMER_REGISTERS (256) rather than the 232 two consumers
+      share out: at 19797c5 ptxas spilled 608 bytes in that kernel at head dim 256
+      (`results/mosaic-19797c5/ptxas-operands-in-registers.jsonl`). Not yet compiled
+      with it, so off.
       Both compiled only: GPU interpret mode's wgmma reads A from shared memory, and
       there (with operands_in_registers off) they are off.
     """
@@ -425,6 +433,7 @@ class MosaicBwdConfig:
     split_dq: bool = False
     q_do_in_registers: bool = False
     k_v_in_registers: bool = False
+    solo_dq_registers: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
@@ -452,6 +461,11 @@ class MosaicBwdConfig:
         if self.k_v_in_registers and (self.split_dkv or self.fused):
             raise ValueError(
                 "k_v_in_registers is the plain dK/dV kernel's: not with split_dkv or fused"
+            )
+        if self.solo_dq_registers and (self.consumers_dq != 1 or self.fused):
+            raise ValueError(
+                "solo_dq_registers gives one dQ warpgroup all its registers: it needs "
+                f"consumers_dq=1 (not {self.consumers_dq}) and a dQ kernel (not fused)"
             )
         if self.fused and self.split_dkv:
             raise ValueError("fused needs split_dkv=False: each consumer owns a key tile")
