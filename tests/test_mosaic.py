@@ -241,20 +241,25 @@ def test_interpret_never_reads_skipped_tiles():
     chex.assert_trees_all_equal(out, _mosaic(case, SMALL, interpret=True, qkv=(q, k_bad, v_bad)))
 
 
-@pytest.mark.parametrize("schedule", ["", "overlap", "persistent", "persistent-h256"])
+@pytest.mark.parametrize("schedule", ["", "overlap", "persistent", "persistent-h256", "multicast"])
 def test_interpret_finds_no_data_race(schedule):
     """The interpreter's happens-before race detector over the shared buffers (Q/O, P,
     the logsumexp and the K/V ring; its wgmma operand reads are not instrumented). With
     intra_overlap, tile j's P is written while tile j - 1's P V may still read its own;
     persistent, a CTA's next Q loads while its last O and logsumexp are stored (at head
     dim 256, into the buffer O has just left), and the ring runs on from one work item
-    to the next (4 items on 3 CTAs)."""
+    to the next (4 items on 3 CTAs); with kv_multicast, each CTA's producer writes its half
+    of a tile into both CTAs' slots once all four consumers of the cluster release them."""
     from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks  # no public accessor
 
     params = plgpu.InterpretGPUParams(detect_races=True)
     head_dim = 256 if schedule.endswith("h256") else 64
     case = Case(1, 130, 300, 2, 1, head_dim, BF16, causal=True)
-    flags = {"overlap": {"intra_overlap": True}, "persistent": {"persistent": True}}
+    flags = {
+        "overlap": {"intra_overlap": True},
+        "persistent": {"persistent": True},
+        "multicast": {"kv_multicast": True},
+    }
     config = MosaicConfig(
         block_q=64, block_kv=64, num_stages=2, **flags.get(schedule.split("-")[0], {})
     )
@@ -386,6 +391,20 @@ def test_interpret_row_bound_mask_changes_no_bit(case):
     )
 
 
+@pytest.mark.parametrize("case", [INTERPRET_CASES[i] for i in (1, 2, 4, 5, 10)], ids=lambda c: c.id)
+def test_interpret_kv_multicast_changes_no_bit(case):
+    """`kv_multicast` (clusters of two CTAs sharing each K/V tile's load): each CTA walks
+    the key range of both tiles' rows, so a tile may see key tiles its own rows mask out
+    entirely (bottom-right causal with a key length, rows that see no key, ragged
+    lengths, a window, segment ids under causal masking, an odd number of query tiles),
+    which leave every bit as it was; and against the reference."""
+    multicast = dataclasses.replace(SMALL, kv_multicast=True)
+    _compare(case, multicast, interpret=True, seed=3)
+    chex.assert_trees_all_equal(
+        _mosaic(case, SMALL, interpret=True, seed=3), _mosaic(case, multicast, True, seed=3)
+    )
+
+
 @pytest.mark.parametrize("snake", [False, True])
 def test_persistent_items_cover_every_item_once(snake):
     """Whatever the rounds (whole or partial, even or odd last), the CTAs' items are each
@@ -415,6 +434,8 @@ def test_config_validation():
         MosaicConfig(intra_overlap=True, persistent=True)
     with pytest.raises(ValueError, match="q_register_cols"):
         MosaicConfig(q_register_cols=96)
+    with pytest.raises(ValueError, match="kv_multicast .* not with persistent"):
+        MosaicConfig(kv_multicast=True, persistent=True)
     q = jnp.ones((1, 8, 1, 256), BF16)
     lens = jnp.full((1,), 8, jnp.int32)
     too_big = MosaicConfig(block_kv=256, num_stages=2)
@@ -456,6 +477,7 @@ LOWERINGS = {
         (True, True, False, True, 0),
         (True, True, False, False, 64),
         (True, False, True, False, 64),
+        (True, True, False, False, -64),
     ],
     ids=[
         "p-regs",
@@ -465,6 +487,7 @@ LOWERINGS = {
         "p-regs-early-persistent",
         "q-regs-early",
         "q-regs-overlap",
+        "q-regs-early-multicast",
     ],
 )
 @pytest.mark.parametrize("head_dim,dtype,spec", LOWERINGS.values(), ids=LOWERINGS.keys())
@@ -474,7 +497,8 @@ def test_compiled_kernel_lowers_for_hopper(
     """Lowering for CUDA runs on CPU: Pallas to the Mosaic GPU dialect, its layout
     inference for sm_90, the lowering of that dialect and the shared-memory check. What
     is left for the GPU: LLVM/PTX code generation, ptxas, and running it. q_cols: Q's
-    first columns from registers (q_register_cols; at head dim 64 all of them)."""
+    first columns from registers (q_register_cols; at head dim 64 all of them); negative:
+    as many, with kv_multicast."""
     config = dataclasses.replace(
         default_mosaic_config(head_dim),
         p_in_registers=p_in_registers,
@@ -482,7 +506,8 @@ def test_compiled_kernel_lowers_for_hopper(
         early_k_wait=rescale_early,
         intra_overlap=overlap,
         persistent=persistent,
-        q_register_cols=q_cols,
+        q_register_cols=abs(q_cols),
+        kv_multicast=q_cols < 0,
     )
 
     def f(q, k, v, q_len, kv_len):
@@ -685,6 +710,22 @@ def test_gpu_q_register_cols_match_reference_and_change_no_bit(case, cols):
     _compare(case, q_regs, interpret=False, seed=seed)
     chex.assert_trees_all_equal(
         _mosaic(case, config, False, seed), _mosaic(case, q_regs, False, seed)
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_kv_multicast_changes_no_bit(case):
+    """kv_multicast compiled (clusters of two CTAs, K/V loaded once for both by TMA
+    multicast, cluster barriers): the call's default row without the persistent grid
+    gives the same bits with it, and it passes the reference."""
+    default = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
+    config = dataclasses.replace(default, persistent=False)
+    multicast = dataclasses.replace(config, kv_multicast=True)
+    seed = seed_of(case)
+    _compare(case, multicast, interpret=False, seed=seed)
+    chex.assert_trees_all_equal(
+        _mosaic(case, config, False, seed), _mosaic(case, multicast, False, seed)
     )
 
 

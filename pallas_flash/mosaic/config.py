@@ -233,6 +233,17 @@ class MosaicConfig:
       472.8 / 595.5 / 621.0 against 466.2 / 587.6 / 613.5 at head dims 64 / 128 / 256
       (1.01x each); 128 columns 594.2 at 128 and 614.8 at 256 (1.01x / 1.00x). So
       shared-memory bandwidth is not what holds the forward back: at most about 1 %.
+    kv_multicast: the grid's CTAs run in clusters of two on adjacent query tiles, which
+      walk the same key tiles (the key range of both tiles' rows, masked per element as
+      ever), and each K/V tile is loaded once for both by TMA multicast, each CTA's
+      producer loading half; a slot is refilled once all four consumers of the cluster
+      have released it (cluster barriers). Every CTA reads a K/V tile's bytes per
+      block_q x NUM_CONSUMERS rows: 128 flops a byte at 64-row warpgroups, whatever the
+      head dim, so at 600 TFLOP/s the SMs pull about 4.7 TB/s from L2, near what an
+      H100-class L2 gives; two CTAs per load halve that. Not with persistent. GPU
+      interpret mode runs the clusters: the same bits as without, the reference, no
+      data race (tests/test_mosaic.py). Lowered for sm_90 on CPU; not yet compiled or
+      timed on the GPU, so off.
     """
 
     block_q: int = 64
@@ -246,6 +257,7 @@ class MosaicConfig:
     persistent: bool = False
     row_bound_mask: bool = True
     q_register_cols: int = 0
+    kv_multicast: bool = False
 
     def __post_init__(self):
         if self.q_register_cols % 64 or self.q_register_cols < 0:
@@ -263,6 +275,8 @@ class MosaicConfig:
             )
         if self.intra_overlap and self.persistent:
             raise ValueError("intra_overlap is a schedule of its own: not with persistent")
+        if self.kv_multicast and self.persistent:
+            raise ValueError("kv_multicast pairs the grid's CTAs in clusters: not with persistent")
 
     def o_buffer(self, head_dim: int, itemsize: int = 2) -> bool:
         """Whether O has a shared-memory buffer of its own (persistent, where it fits), so

@@ -150,7 +150,18 @@ def _online_softmax(s, m_i, l_i, c: float, keep):
 
 
 def stream_kv_tiles(
-    refs, smem, barriers, *, b, kv_head, lo, hi, block_kv: int, base=0, drain: bool = True
+    refs,
+    smem,
+    barriers,
+    *,
+    b,
+    kv_head,
+    lo,
+    hi,
+    block_kv: int,
+    base=0,
+    drain: bool = True,
+    multicast: bool = False,
 ):
     """The producer warpgroup of the forward and dQ kernels: key/value tiles lo .. hi - 1
     of (b, kv_head) into a ring of shared-memory slots by TMA, each with its key ids when
@@ -160,8 +171,12 @@ def stream_kv_tiles(
     `refs` (K, V, key ids or None) in HBM, `smem` their rings, `barriers` (k_ready,
     v_ready, k_free, v_free) per slot. `base`: tiles this CTA streamed before (a
     persistent kernel's earlier work items); tile j goes to ring position
-    base + j - lo, slot (base + j - lo) % stages.
+    base + j - lo, slot (base + j - lo) % stages. `multicast`: the CTA is one of a
+    cluster of two walking the same tiles (`MosaicConfig.kv_multicast`): each K and V
+    copy lands in both CTAs' slots, each CTA's TMA loading half of it, and the free
+    barriers are cluster barriers that both CTAs' consumers arrive on.
     """
+    cluster = "cluster" if multicast else None
     k_ref, v_ref, kv_seg_ref = refs
     k_smem, v_smem, kv_seg_smem = smem
     k_ready, v_ready, k_free, v_free = barriers
@@ -179,7 +194,9 @@ def stream_kv_tiles(
         def _():
             plgpu.barrier_wait(k_free.at[slot])
 
-        plgpu.copy_gmem_to_smem(k_ref.at[b, rows, kv_head], k_smem.at[slot], k_ready.at[slot])
+        plgpu.copy_gmem_to_smem(
+            k_ref.at[b, rows, kv_head], k_smem.at[slot], k_ready.at[slot], collective_axes=cluster
+        )
         if kv_seg_ref is not None:  # the tile's key segment ids travel with K
             plgpu.copy_gmem_to_smem(kv_seg_ref.at[b, rows], kv_seg_smem.at[slot], k_ready.at[slot])
 
@@ -187,7 +204,9 @@ def stream_kv_tiles(
         def _():
             plgpu.barrier_wait(v_free.at[slot])
 
-        plgpu.copy_gmem_to_smem(v_ref.at[b, rows, kv_head], v_smem.at[slot], v_ready.at[slot])
+        plgpu.copy_gmem_to_smem(
+            v_ref.at[b, rows, kv_head], v_smem.at[slot], v_ready.at[slot], collective_axes=cluster
+        )
 
     lax.fori_loop(lo, hi, load, None)
     end = base + jnp.maximum(hi - lo, 0)
@@ -383,6 +402,11 @@ def _kernel(
     def item_at(i):
         """(batch, head, query tile) of this CTA's work item i. Causal tiles near the
         bottom do the most work: they come first, so that the last ones are short."""
+        if config.kv_multicast:  # a cluster of two CTAs per grid position: a tile each
+            b, h, pair = (lax.axis_index(name) for name in ("batch", "heads", "q_tiles"))
+            if spec.causal:
+                pair = num_q_tiles // 2 - 1 - pair
+            return b, h, pair * 2 + lax.axis_index("cluster")
         if not config.persistent:  # one item per CTA: its grid position
             b, h, t = (lax.axis_index(name) for name in ("batch", "heads", "q_tiles"))
         else:
@@ -394,6 +418,12 @@ def _kernel(
                 rest, t = lax.div(w, num_q_tiles), lax.rem(w, num_q_tiles)
                 b, h = lax.div(rest, heads), lax.rem(rest, heads)
         return b, h, (num_q_tiles - 1 - t) if spec.causal else t
+
+    def range_row(tile):
+        """The row of `ranges_ref` with the key tiles of query tile `tile`: with
+        kv_multicast, one row per cluster (both tiles' keys), since the two CTAs must
+        walk the same key tiles, which each loads half of for both."""
+        return lax.div(tile, jnp.int32(2)) if config.kv_multicast else tile
 
     def item_count():  # this CTA's work items
         if not config.persistent:
@@ -419,11 +449,12 @@ def _kernel(
                 (k_ready, v_ready, k_free, v_free),
                 b=b,
                 kv_head=lax.div(h, jnp.int32(group)),
-                lo=ranges_ref[b, tile, 0],
-                hi=ranges_ref[b, tile, 3],
+                lo=ranges_ref[b, range_row(tile), 0],
+                hi=ranges_ref[b, range_row(tile), 3],
                 block_kv=block_kv,
                 base=base,
                 drain=False,
+                multicast=config.kv_multicast,
             )
 
         drain_ring((k_free, v_free), run_items(produce), stages)
@@ -448,7 +479,7 @@ def _kernel(
 
         def consume(i, base):
             b, h, tile = item_at(i)
-            lo, full_lo, full_hi, hi = (ranges_ref[b, tile, c] for c in range(4))
+            lo, full_lo, full_hi, hi = (ranges_ref[b, range_row(tile), c] for c in range(4))
 
             def slot_of(j):  # key tile j is at ring position base + j - lo
                 return lax.rem(base + j - lo, jnp.int32(stages))
@@ -814,17 +845,26 @@ def forward(
         )
 
     rows = NUM_CONSUMERS * config.block_q  # query rows per CTA
-    t_pad = -(-T // rows) * rows
+    # The key tiles are walked per range row: a CTA's rows, or a cluster's (kv_multicast).
+    range_rows = rows * (2 if config.kv_multicast else 1)
+    t_pad = -(-T // range_rows) * range_rows
     s_pad = -(-S // config.block_kv) * config.block_kv
     num_q_tiles = t_pad // rows
     q, k, v = _pad(q, t_pad, hp), _pad(k, s_pad, hp), _pad(v, s_pad, hp)
     ranges = masks.tile_range_table(
-        masks.kv_tile_range, spec, q_len, kv_len, num_q_tiles, rows, config.block_kv, rows
+        masks.kv_tile_range,
+        spec,
+        q_len,
+        kv_len,
+        t_pad // range_rows,
+        range_rows,
+        config.block_kv,
+        range_rows,
     )
     seg_inputs = ()
     if segments is not None:
         q_seg, kv_seg = (x.astype(jnp.int32) for x in segments)
-        per_q, _ = masks.segment_tile_ranges(q_seg, kv_seg, rows, config.block_kv)
+        per_q, _ = masks.segment_tile_ranges(q_seg, kv_seg, range_rows, config.block_kv)
         ranges = intersect_tables(ranges, per_q)
         seg_inputs = (
             jnp.pad(q_seg, [(0, 0), (0, t_pad - T)], mode="edge"),
@@ -836,6 +876,9 @@ def forward(
         plgpu.SwizzleTransform(SWIZZLE),
     )
     stages = config.num_stages
+    free_barrier = plgpu.Barrier  # kv_multicast: the cluster's four consumers release a slot
+    if config.kv_multicast:
+        free_barrier = functools.partial(plgpu.ClusterBarrier, collective_axes=("cluster",))
     scratch = dict(
         qo_smem=plgpu.SMEM((NUM_CONSUMERS, config.block_q, hp), q.dtype, transforms=transforms),
         k_smem=plgpu.SMEM((stages, config.block_kv, hp), q.dtype, transforms=transforms),
@@ -859,8 +902,8 @@ def forward(
         q_ready=plgpu.Barrier(num_arrivals=1 + bool(seg_inputs), num_barriers=NUM_CONSUMERS),
         k_ready=plgpu.Barrier(num_arrivals=1 + bool(seg_inputs), num_barriers=stages),
         v_ready=plgpu.Barrier(num_barriers=stages),
-        k_free=plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
-        v_free=plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
+        k_free=free_barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
+        v_free=free_barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
         turns=plgpu.Barrier(num_arrivals=NUM_CONSUMERS) if config.schedule_barrier else None,
         o_smem=plgpu.SMEM((NUM_CONSUMERS, config.block_q, hp), q.dtype, transforms=transforms)
         if config.o_buffer(hp, q.dtype.itemsize)
@@ -873,6 +916,10 @@ def forward(
     else:
         num_ctas = num_items
         grid, grid_names = (N, num_q_tiles, B), ("heads", "q_tiles", "batch")
+    cluster = {}
+    if config.kv_multicast:  # the q_tiles axis counts clusters of two CTAs
+        grid = (N, num_q_tiles // 2, B)
+        cluster = dict(cluster=(2,), cluster_names=("cluster",))
     kernel = functools.partial(
         _kernel,
         spec=spec,
@@ -898,5 +945,6 @@ def forward(
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=None if interpret is False else interpret,
         kernel_name="pallas_flash_mosaic_fwd",
+        **cluster,
     )(q_len.astype(jnp.int32), kv_len.astype(jnp.int32), ranges, q, k, v, *seg_inputs)
     return o[:, :T, :, :H], lse[:, :, :T]
