@@ -226,6 +226,15 @@ def test_interpret_share_probs_changes_no_bit(case):
     _flag_changes_no_bit(case, config, "share_probs", True)
 
 
+@pytest.mark.parametrize("case", [INTERPRET_CASES[i] for i in (1, 2, 3, 7)], ids=lambda c: c.id)
+def test_interpret_dq_kv_multicast_changes_no_bit(case):
+    """`dq_kv_multicast`: the dQ kernel's clusters of two CTAs walk the key range of both
+    tiles' rows (bottom-right causal with a key length, ragged lengths, a window, packed
+    documents), so a tile may see key tiles its own rows mask out entirely: the same
+    bits (and the reference's tolerance)."""
+    _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "dq_kv_multicast", True)
+
+
 # The dQ kernel's two warpgroups on one query tile (split_dq): head dims 128 and 256,
 # causal with a key length, GQA, segment ids under causal masking, and seven key tiles
 # (unmasked ones, then a ragged last one) through the two-slot ring.
@@ -284,18 +293,23 @@ def test_interpret_takes_the_mosaic_forward_residuals():
 
 
 @pytest.mark.parametrize(
-    "share_probs,split_dq", [(False, False), (True, True)], ids=["split", "share-probs-split-dq"]
+    "share_probs,split_dq,multicast",
+    [(False, False, False), (True, True, False), (False, False, True)],
+    ids=["split", "share-probs-split-dq", "split-dq-kv-multicast"],
 )
-def test_interpret_finds_no_data_race(share_probs, split_dq):
+def test_interpret_finds_no_data_race(share_probs, split_dq, multicast):
     """The interpreter's happens-before race detector over the shared buffers (the
     resident K/V, the Q/dO/lse/D ring, the K/V ring, the staging buffers, the P^T tile
     handed between the split's warpgroups, split_dq's P and dS tiles and the outputs
-    staged through shared memory; its wgmma operand reads are not instrumented)."""
+    staged through shared memory; its wgmma operand reads are not instrumented), and the
+    dQ kernel's K/V ring written by both CTAs of a cluster (dq_kv_multicast)."""
     from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks  # no public accessor
 
     params = plgpu.InterpretGPUParams(detect_races=True)
     case = Case(1, 130, 70, 1, 1, 128 if split_dq else 64, BF16)
-    config = MosaicBwdConfig(split_dkv=True, share_probs=share_probs, split_dq=split_dq)
+    config = MosaicBwdConfig(
+        split_dkv=True, share_probs=share_probs, split_dq=split_dq, dq_kv_multicast=multicast
+    )
     _compare(case, config, interpret=params, with_dlse=False)
     assert not gpu_callbacks.get_races().races_found
 
@@ -367,6 +381,8 @@ def test_config_validation():
         MosaicBwdConfig(q_do_in_registers=True, split_dq=True)
     with pytest.raises(ValueError, match="k_v_in_registers .* not with split_dkv or fused"):
         MosaicBwdConfig(k_v_in_registers=True, fused=True)
+    with pytest.raises(ValueError, match="dq_kv_multicast .* not with fused"):
+        MosaicBwdConfig(dq_kv_multicast=True, fused=True)
     with pytest.raises(ValueError, match="solo_dq_registers .* consumers_dq=1 \\(not 2\\)"):
         MosaicBwdConfig(solo_dq_registers=True)
     q = jnp.ones((1, 8, 1, 256), BF16)
@@ -838,6 +854,14 @@ def test_gpu_k_v_in_registers_changes_no_bit(case):
     """k_v_in_registers compiled (the dK/dV kernel's K and V as register A operands), at
     head dim 64, the one whose registers hold them beside dK and dV."""
     _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "k_v_in_registers", False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_dq_kv_multicast_changes_no_bit(case):
+    """dq_kv_multicast compiled (the dQ kernel in clusters of two, K/V by TMA multicast):
+    the default's bits (and the reference's tolerance)."""
+    _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "dq_kv_multicast", False)
 
 
 @pytest.mark.gpu

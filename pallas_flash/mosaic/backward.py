@@ -594,11 +594,14 @@ def _dq_kernel(
     dtype = q_smem.dtype
     b = lax.axis_index("batch")
     h = lax.axis_index("heads")
-    tile = lax.axis_index("q_tiles")
+    tile = lax.axis_index("q_tiles")  # with dq_kv_multicast, a cluster of two tiles
     if spec.causal:  # longest rows first, as in the forward pass
-        tile = num_q_tiles - 1 - tile
-    wg = lax.axis_index("wg")
+        tile = num_q_tiles // (2 if config.dq_kv_multicast else 1) - 1 - tile
+    # The key tiles this CTA walks: its own query tile's, or its cluster's (both tiles').
     lo, full_lo, full_hi, hi = (ranges_ref[b, tile, c] for c in range(4))
+    if config.dq_kv_multicast:
+        tile = tile * 2 + lax.axis_index("cluster")
+    wg = lax.axis_index("wg")
 
     def slot_of(j):  # key tile j lives in ring slot (j - lo) % stages
         return lax.rem(j - lo, jnp.int32(stages))
@@ -616,6 +619,7 @@ def _dq_kernel(
             lo=lo,
             hi=hi,
             block_kv=bk,
+            multicast=config.dq_kv_multicast,
         )
 
     if config.split_dq:
@@ -1044,8 +1048,10 @@ def backward(
     # One padded length serves both kernels: whole dK/dV query tiles and dQ CTAs, whole
     # dK/dV CTAs and dQ key tiles.
     rows_dq = (1 if config.split_dq else config.consumers_dq) * config.block_q_dq
+    # dq_kv_multicast: the dQ kernel's key tiles are walked per cluster of two CTAs.
+    range_rows_dq = rows_dq * (2 if config.dq_kv_multicast else 1)
     keys_dkv = config.key_tiles_dkv * config.block_kv_dkv
-    t_step = math.lcm(config.block_q_dkv, rows_dq)
+    t_step = math.lcm(config.block_q_dkv, range_rows_dq)
     s_step = math.lcm(keys_dkv, config.block_kv_dq)
     if config.fused:  # one kernel
         t_step, s_step = config.block_q_dkv, keys_dkv
@@ -1163,10 +1169,23 @@ def backward(
     q_tiles = 1 if split else c_dq  # query tiles a CTA holds
     num_q_tiles = t_pad // rows_dq
     ranges = masks.tile_range_table(
-        masks.kv_tile_range, spec, q_len, kv_len, num_q_tiles, rows_dq, bk, rows_dq
+        masks.kv_tile_range,
+        spec,
+        q_len,
+        kv_len,
+        t_pad // range_rows_dq,
+        range_rows_dq,
+        bk,
+        range_rows_dq,
     )
     if with_segs:
-        ranges = intersect_tables(ranges, masks.segment_tile_ranges(q_seg, kv_seg, rows_dq, bk)[0])
+        per_q = masks.segment_tile_ranges(q_seg, kv_seg, range_rows_dq, bk)[0]
+        ranges = intersect_tables(ranges, per_q)
+    free_barrier = plgpu.Barrier  # dq_kv_multicast: the cluster's consumers free a slot
+    cluster = {}
+    if config.dq_kv_multicast:
+        free_barrier = functools.partial(plgpu.ClusterBarrier, collective_axes=("cluster",))
+        cluster = dict(cluster=(2,), cluster_names=("cluster",))
     dq = plgpu.kernel(
         functools.partial(
             _dq_kernel,
@@ -1195,9 +1214,9 @@ def backward(
             ),
             k_ready=plgpu.Barrier(num_arrivals=1 + with_segs, num_barriers=stages),
             v_ready=plgpu.Barrier(num_barriers=stages),
-            k_free=plgpu.Barrier(num_arrivals=c_dq, num_barriers=stages),
+            k_free=free_barrier(num_arrivals=c_dq, num_barriers=stages),
             # split_dq: only warpgroup 1 reads V
-            v_free=plgpu.Barrier(num_arrivals=1 if split else c_dq, num_barriers=stages),
+            v_free=free_barrier(num_arrivals=1 if split else c_dq, num_barriers=stages),
             split_scratch=(
                 dict(
                     p=plgpu.SMEM((bq, bk), jnp.float32, transforms=f32_transforms),
@@ -1212,10 +1231,11 @@ def backward(
                 else None
             ),
         ),
-        grid=(N, num_q_tiles, B),
+        grid=(N, t_pad // range_rows_dq, B),
         grid_names=("heads", "q_tiles", "batch"),
         num_threads=c_dq + 1,
         kernel_name="pallas_flash_mosaic_bwd_dq",
         **params,
+        **cluster,
     )(q_len, kv_len, ranges, *inputs)
     return dq[:, :T, :, :H], dk[:, :S, :, :H], dv[:, :S, :, :H], None

@@ -424,6 +424,10 @@ class MosaicBwdConfig:
       share out: at 19797c5 ptxas spilled 608 bytes in that kernel at head dim 256
       (`results/mosaic-19797c5/ptxas-operands-in-registers.jsonl`). Not yet compiled
       with it, so off.
+    dq_kv_multicast: the dQ kernel's CTAs run in clusters of two on adjacent query tiles
+      that walk one key range and load each K/V tile once for both by TMA multicast (as
+      `MosaicConfig.kv_multicast` in the forward). Checked in GPU interpret mode and
+      lowered for sm_90 on CPU; not yet compiled or timed on the GPU, so off.
       Both compiled only: GPU interpret mode's wgmma reads A from shared memory, and
       there (with operands_in_registers off) they are off.
     """
@@ -448,6 +452,7 @@ class MosaicBwdConfig:
     q_do_in_registers: bool = False
     k_v_in_registers: bool = False
     solo_dq_registers: bool = False
+    dq_kv_multicast: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
@@ -481,6 +486,8 @@ class MosaicBwdConfig:
                 "solo_dq_registers gives one dQ warpgroup all its registers: it needs "
                 f"consumers_dq=1 (not {self.consumers_dq}) and a dQ kernel (not fused)"
             )
+        if self.dq_kv_multicast and self.fused:
+            raise ValueError("dq_kv_multicast is the dQ kernel's: not with fused (no dQ kernel)")
         if self.fused and self.split_dkv:
             raise ValueError("fused needs split_dkv=False: each consumer owns a key tile")
         if self.query_rows and not self.fused:
