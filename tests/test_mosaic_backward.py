@@ -235,6 +235,16 @@ def test_interpret_dq_kv_multicast_changes_no_bit(case):
     _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "dq_kv_multicast", True)
 
 
+@pytest.mark.parametrize("case", [INTERPRET_CASES[i] for i in (1, 2, 3, 5, 7)], ids=lambda c: c.id)
+def test_interpret_dkdv_q_multicast_changes_no_bit(case):
+    """`dkdv_q_multicast`: the dK/dV kernel's clusters of two CTAs walk the query range of
+    both key spans (bottom-right causal with a key length, ragged lengths, a window, the
+    head-dim-256 split, packed documents): query tiles one span's keys mask out entirely
+    leave every bit as it was (and the reference's tolerance)."""
+    config = default_mosaic_bwd_config(case.head_dim)
+    _flag_changes_no_bit(case, config, "dkdv_q_multicast", True)
+
+
 # The dQ kernel's two warpgroups on one query tile (split_dq): head dims 128 and 256,
 # causal with a key length, GQA, segment ids under causal masking, and seven key tiles
 # (unmasked ones, then a ragged last one) through the two-slot ring.
@@ -294,7 +304,7 @@ def test_interpret_takes_the_mosaic_forward_residuals():
 
 @pytest.mark.parametrize(
     "share_probs,split_dq,multicast",
-    [(False, False, False), (True, True, False), (False, False, True)],
+    [(False, False, False), (True, True, False), (False, False, True)],  # multicast: both
     ids=["split", "share-probs-split-dq", "split-dq-kv-multicast"],
 )
 def test_interpret_finds_no_data_race(share_probs, split_dq, multicast):
@@ -302,13 +312,18 @@ def test_interpret_finds_no_data_race(share_probs, split_dq, multicast):
     resident K/V, the Q/dO/lse/D ring, the K/V ring, the staging buffers, the P^T tile
     handed between the split's warpgroups, split_dq's P and dS tiles and the outputs
     staged through shared memory; its wgmma operand reads are not instrumented), and the
-    dQ kernel's K/V ring written by both CTAs of a cluster (dq_kv_multicast)."""
+    dQ kernel's K/V ring and the dK/dV kernel's Q/dO ring, each written by both CTAs of a
+    cluster (dq_kv_multicast, dkdv_q_multicast)."""
     from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks  # no public accessor
 
     params = plgpu.InterpretGPUParams(detect_races=True)
     case = Case(1, 130, 70, 1, 1, 128 if split_dq else 64, BF16)
     config = MosaicBwdConfig(
-        split_dkv=True, share_probs=share_probs, split_dq=split_dq, dq_kv_multicast=multicast
+        split_dkv=True,
+        share_probs=share_probs,
+        split_dq=split_dq,
+        dq_kv_multicast=multicast,
+        dkdv_q_multicast=multicast,
     )
     _compare(case, config, interpret=params, with_dlse=False)
     assert not gpu_callbacks.get_races().races_found
@@ -381,6 +396,8 @@ def test_config_validation():
         MosaicBwdConfig(q_do_in_registers=True, split_dq=True)
     with pytest.raises(ValueError, match="k_v_in_registers .* not with split_dkv or fused"):
         MosaicBwdConfig(k_v_in_registers=True, fused=True)
+    with pytest.raises(ValueError, match="dkdv_q_multicast .* not with fused"):
+        MosaicBwdConfig(dkdv_q_multicast=True, fused=True)
     with pytest.raises(ValueError, match="dq_kv_multicast .* not with fused"):
         MosaicBwdConfig(dq_kv_multicast=True, fused=True)
     with pytest.raises(ValueError, match="solo_dq_registers .* consumers_dq=1 \\(not 2\\)"):
@@ -862,6 +879,15 @@ def test_gpu_dq_kv_multicast_changes_no_bit(case):
     """dq_kv_multicast compiled (the dQ kernel in clusters of two, K/V by TMA multicast):
     the default's bits (and the reference's tolerance)."""
     _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "dq_kv_multicast", False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_dkdv_q_multicast_changes_no_bit(case):
+    """dkdv_q_multicast compiled (the dK/dV kernel in clusters of two, Q and dO by TMA
+    multicast): the default's bits (and the reference's tolerance)."""
+    config = default_mosaic_bwd_config(case.head_dim)
+    _flag_changes_no_bit(case, config, "dkdv_q_multicast", False)
 
 
 @pytest.mark.gpu

@@ -219,9 +219,12 @@ def _dkdv_kernel(
     dtype = q_smem.dtype
     b = lax.axis_index("batch")
     kv_head = lax.axis_index("heads")
-    span = lax.axis_index("kv_tiles")
+    span = lax.axis_index("kv_tiles")  # with dkdv_q_multicast, a cluster of two spans
     wg = lax.axis_index("wg")
+    # The query tiles this CTA walks: its own key span's, or its cluster's (both spans').
     lo, full_lo, full_hi, hi = (ranges_ref[b, span, c] for c in range(4))
+    if config.dkdv_q_multicast:
+        span = span * 2 + lax.axis_index("cluster")
     n = hi - lo  # query tiles per query head of the group
     k0 = span * tiles * bk  # first key of the CTA
 
@@ -237,6 +240,8 @@ def _dkdv_kernel(
         if not config.fused:
             return lax.fori_loop(start, stop, body, carry)
         return lax.fori_loop(0, stop - start, lambda j, c: body(stop - 1 - j, c), carry)
+
+    cluster = "cluster" if config.dkdv_q_multicast else None
 
     @pl.when(wg == consumers)
     def _producer():
@@ -264,13 +269,22 @@ def _dkdv_kernel(
                 def _():
                     plgpu.barrier_wait(free.at[slot])
 
-                plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem.at[slot], q_ready.at[slot])
+                # dkdv_q_multicast: Q and dO land in both CTAs of the cluster, half loaded
+                # by each (their row statistics and ids, a few hundred bytes, by each).
+                plgpu.copy_gmem_to_smem(
+                    q_ref.at[b, rows, h], q_smem.at[slot], q_ready.at[slot], collective_axes=cluster
+                )
                 plgpu.copy_gmem_to_smem(lse_ref.at[b, h, rows], lse_smem.at[slot], q_ready.at[slot])
                 if q_seg_ref is not None:
                     plgpu.copy_gmem_to_smem(
                         q_seg_ref.at[b, rows], q_seg_smem.at[slot], q_ready.at[slot]
                     )
-                plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h], do_smem.at[slot], do_ready.at[slot])
+                plgpu.copy_gmem_to_smem(
+                    do_ref.at[b, rows, h],
+                    do_smem.at[slot],
+                    do_ready.at[slot],
+                    collective_axes=cluster,
+                )
                 plgpu.copy_gmem_to_smem(
                     delta_ref.at[b, h, rows], delta_smem.at[slot], do_ready.at[slot]
                 )
@@ -1051,8 +1065,10 @@ def backward(
     # dq_kv_multicast: the dQ kernel's key tiles are walked per cluster of two CTAs.
     range_rows_dq = rows_dq * (2 if config.dq_kv_multicast else 1)
     keys_dkv = config.key_tiles_dkv * config.block_kv_dkv
+    # dkdv_q_multicast: the dK/dV kernel's query tiles are walked per cluster of two spans.
+    range_keys = keys_dkv * (2 if config.dkdv_q_multicast else 1)
     t_step = math.lcm(config.block_q_dkv, range_rows_dq)
-    s_step = math.lcm(keys_dkv, config.block_kv_dq)
+    s_step = math.lcm(range_keys, config.block_kv_dq)
     if config.fused:  # one kernel
         t_step, s_step = config.block_q_dkv, keys_dkv
     t_pad, s_pad = -(-T // t_step) * t_step, -(-S // s_step) * s_step
@@ -1090,12 +1106,15 @@ def backward(
     # dK, dV: one CTA per (key/value head, key span, batch).
     bq, bk, stages = config.block_q_dkv, config.block_kv_dkv, config.num_stages_dkv
     tiles, c_dkv = config.key_tiles_dkv, config.consumers_dkv
-    num_spans = s_pad // keys_dkv
     ranges = masks.tile_range_table(
-        masks.q_tile_range, spec, q_len, kv_len, num_spans, bq, keys_dkv, keys_dkv
+        masks.q_tile_range, spec, q_len, kv_len, s_pad // range_keys, bq, range_keys, range_keys
     )
     if with_segs:
-        ranges = intersect_tables(ranges, masks.segment_tile_ranges(q_seg, kv_seg, bq, keys_dkv)[1])
+        per_k = masks.segment_tile_ranges(q_seg, kv_seg, bq, range_keys)[1]
+        ranges = intersect_tables(ranges, per_k)
+    dkdv_cluster = {}  # dkdv_q_multicast: the cluster's consumers free a slot
+    if config.dkdv_q_multicast:
+        dkdv_cluster = dict(cluster=(2,), cluster_names=("cluster",))
     fused = config.fused
     num_q_tiles = t_pad // bq
     order = dq_adds.order_tables(ranges, num_q_tiles) if fused else ()
@@ -1132,7 +1151,11 @@ def backward(
             # Q and lse (and the query ids)
             q_ready=plgpu.Barrier(num_arrivals=2 + with_segs, num_barriers=stages),
             do_ready=plgpu.Barrier(num_arrivals=2, num_barriers=stages),  # dO and D
-            free=plgpu.Barrier(num_arrivals=c_dkv, num_barriers=stages),
+            free=(
+                functools.partial(plgpu.ClusterBarrier, collective_axes=("cluster",))
+                if config.dkdv_q_multicast
+                else plgpu.Barrier
+            )(num_arrivals=c_dkv, num_barriers=stages),
             done=plgpu.Barrier(num_arrivals=2) if config.split_dkv else None,
             probs_scratch=(
                 dict(
@@ -1147,12 +1170,13 @@ def backward(
                 dq_adds.scratch(config, hp, q.dtype, transforms, interpreted) if fused else None
             ),
         ),
-        grid=(K, num_spans, B),
+        grid=(K, s_pad // range_keys, B),
         grid_names=("heads", "kv_tiles", "batch"),
         # The fused kernel's fourth warpgroup adds the dQ shares (dq_adds.writer).
         num_threads=c_dkv + 1 + fused,
         kernel_name="pallas_flash_mosaic_bwd_fused" if fused else "pallas_flash_mosaic_bwd_dkdv",
         **params,
+        **dkdv_cluster,
     )(q_len, kv_len, ranges, *inputs, *order)
     dk, dv = outs[:2]
     if fused:

@@ -428,6 +428,10 @@ class MosaicBwdConfig:
       that walk one key range and load each K/V tile once for both by TMA multicast (as
       `MosaicConfig.kv_multicast` in the forward). Checked in GPU interpret mode and
       lowered for sm_90 on CPU; not yet compiled or timed on the GPU, so off.
+    dkdv_q_multicast: the same for the dK/dV kernel: clusters of two CTAs on adjacent key
+      spans walk one query range (both spans'), and each Q and dO tile is loaded once
+      for both (the row statistics and ids, small, by each CTA). Checked in GPU
+      interpret mode and lowered for sm_90 on CPU; not yet compiled or timed, so off.
       Both compiled only: GPU interpret mode's wgmma reads A from shared memory, and
       there (with operands_in_registers off) they are off.
     """
@@ -453,6 +457,7 @@ class MosaicBwdConfig:
     k_v_in_registers: bool = False
     solo_dq_registers: bool = False
     dq_kv_multicast: bool = False
+    dkdv_q_multicast: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
@@ -485,6 +490,11 @@ class MosaicBwdConfig:
             raise ValueError(
                 "solo_dq_registers gives one dQ warpgroup all its registers: it needs "
                 f"consumers_dq=1 (not {self.consumers_dq}) and a dQ kernel (not fused)"
+            )
+        if self.dkdv_q_multicast and self.fused:
+            raise ValueError(
+                "dkdv_q_multicast is the pair's dK/dV kernel's: not with fused (whose dQ "
+                "order follows each key span's own query tiles)"
             )
         if self.dq_kv_multicast and self.fused:
             raise ValueError("dq_kv_multicast is the dQ kernel's: not with fused (no dQ kernel)")
