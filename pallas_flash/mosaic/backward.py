@@ -101,6 +101,8 @@ from pallas_flash.mosaic.forward import (
     _pad,
     element_mask,
     intersect_tables,
+    kv_tile_ranges,
+    pair_cluster,
     stream_kv_tiles,
     unsupported,
 )
@@ -1112,9 +1114,7 @@ def backward(
     if with_segs:
         per_k = masks.segment_tile_ranges(q_seg, kv_seg, bq, range_keys)[1]
         ranges = intersect_tables(ranges, per_k)
-    dkdv_cluster = {}  # dkdv_q_multicast: the cluster's consumers free a slot
-    if config.dkdv_q_multicast:
-        dkdv_cluster = dict(cluster=(2,), cluster_names=("cluster",))
+    dkdv_free, dkdv_cluster = pair_cluster(config.dkdv_q_multicast)
     fused = config.fused
     num_q_tiles = t_pad // bq
     order = dq_adds.order_tables(ranges, num_q_tiles) if fused else ()
@@ -1151,11 +1151,7 @@ def backward(
             # Q and lse (and the query ids)
             q_ready=plgpu.Barrier(num_arrivals=2 + with_segs, num_barriers=stages),
             do_ready=plgpu.Barrier(num_arrivals=2, num_barriers=stages),  # dO and D
-            free=(
-                functools.partial(plgpu.ClusterBarrier, collective_axes=("cluster",))
-                if config.dkdv_q_multicast
-                else plgpu.Barrier
-            )(num_arrivals=c_dkv, num_barriers=stages),
+            free=dkdv_free(num_arrivals=c_dkv, num_barriers=stages),
             done=plgpu.Barrier(num_arrivals=2) if config.split_dkv else None,
             probs_scratch=(
                 dict(
@@ -1192,24 +1188,9 @@ def backward(
     split = config.split_dq
     q_tiles = 1 if split else c_dq  # query tiles a CTA holds
     num_q_tiles = t_pad // rows_dq
-    ranges = masks.tile_range_table(
-        masks.kv_tile_range,
-        spec,
-        q_len,
-        kv_len,
-        t_pad // range_rows_dq,
-        range_rows_dq,
-        bk,
-        range_rows_dq,
-    )
-    if with_segs:
-        per_q = masks.segment_tile_ranges(q_seg, kv_seg, range_rows_dq, bk)[0]
-        ranges = intersect_tables(ranges, per_q)
-    free_barrier = plgpu.Barrier  # dq_kv_multicast: the cluster's consumers free a slot
-    cluster = {}
-    if config.dq_kv_multicast:
-        free_barrier = functools.partial(plgpu.ClusterBarrier, collective_axes=("cluster",))
-        cluster = dict(cluster=(2,), cluster_names=("cluster",))
+    segs = (q_seg, kv_seg) if with_segs else None
+    ranges = kv_tile_ranges(spec, q_len, kv_len, segs, t_pad, range_rows_dq, bk)
+    free_barrier, cluster = pair_cluster(config.dq_kv_multicast)
     dq = plgpu.kernel(
         functools.partial(
             _dq_kernel,

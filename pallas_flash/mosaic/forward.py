@@ -215,6 +215,32 @@ def stream_kv_tiles(
     return end
 
 
+def pair_cluster(multicast: bool):
+    """(the slots' free-barrier type, `plgpu.kernel`'s cluster arguments) of a kernel whose
+    CTAs run in clusters of two that load each streamed tile once for both by TMA
+    multicast (`multicast`; the cluster axis is "cluster"), or of one whose CTAs run
+    alone. In a cluster a slot's free barrier counts the consumers of both CTAs, so that
+    neither producer refills a slot the other CTA still reads."""
+    if not multicast:
+        return plgpu.Barrier, {}
+    free = functools.partial(plgpu.ClusterBarrier, collective_axes=("cluster",))
+    return free, dict(cluster=(2,), cluster_names=("cluster",))
+
+
+def kv_tile_ranges(spec: masks.MaskSpec, q_len, kv_len, segments, t_pad: int, rows: int, bk: int):
+    """[B, t_pad // rows, 4] int32: the key tiles of `bk` keys (lo, full_lo, full_hi, hi)
+    that each span of `rows` query rows walks, from the mask and lengths and, with
+    `segments` (int32 query and key ids, or None), narrowed to the documents they meet.
+    The forward's and the dQ kernel's walk, per CTA or (multicast) per cluster."""
+    ranges = masks.tile_range_table(
+        masks.kv_tile_range, spec, q_len, kv_len, t_pad // rows, rows, bk, rows
+    )
+    if segments is None:
+        return ranges
+    q_seg, kv_seg = segments
+    return intersect_tables(ranges, masks.segment_tile_ranges(q_seg, kv_seg, rows, bk)[0])
+
+
 def drain_ring(free, end, stages: int):
     """Waits for the consumers to release the ring's last tiles (positions up to `end`):
     the shared memory must not be released under them, and a barrier should end with
@@ -851,21 +877,12 @@ def forward(
     s_pad = -(-S // config.block_kv) * config.block_kv
     num_q_tiles = t_pad // rows
     q, k, v = _pad(q, t_pad, hp), _pad(k, s_pad, hp), _pad(v, s_pad, hp)
-    ranges = masks.tile_range_table(
-        masks.kv_tile_range,
-        spec,
-        q_len,
-        kv_len,
-        t_pad // range_rows,
-        range_rows,
-        config.block_kv,
-        range_rows,
-    )
+    if segments is not None:
+        segments = tuple(x.astype(jnp.int32) for x in segments)
+    ranges = kv_tile_ranges(spec, q_len, kv_len, segments, t_pad, range_rows, config.block_kv)
     seg_inputs = ()
     if segments is not None:
-        q_seg, kv_seg = (x.astype(jnp.int32) for x in segments)
-        per_q, _ = masks.segment_tile_ranges(q_seg, kv_seg, range_rows, config.block_kv)
-        ranges = intersect_tables(ranges, per_q)
+        q_seg, kv_seg = segments
         seg_inputs = (
             jnp.pad(q_seg, [(0, 0), (0, t_pad - T)], mode="edge"),
             jnp.pad(kv_seg, [(0, 0), (0, s_pad - S)], mode="edge"),
@@ -876,9 +893,7 @@ def forward(
         plgpu.SwizzleTransform(SWIZZLE),
     )
     stages = config.num_stages
-    free_barrier = plgpu.Barrier  # kv_multicast: the cluster's four consumers release a slot
-    if config.kv_multicast:
-        free_barrier = functools.partial(plgpu.ClusterBarrier, collective_axes=("cluster",))
+    free_barrier, cluster = pair_cluster(config.kv_multicast)
     scratch = dict(
         qo_smem=plgpu.SMEM((NUM_CONSUMERS, config.block_q, hp), q.dtype, transforms=transforms),
         k_smem=plgpu.SMEM((stages, config.block_kv, hp), q.dtype, transforms=transforms),
@@ -916,10 +931,8 @@ def forward(
     else:
         num_ctas = num_items
         grid, grid_names = (N, num_q_tiles, B), ("heads", "q_tiles", "batch")
-    cluster = {}
     if config.kv_multicast:  # the q_tiles axis counts clusters of two CTAs
         grid = (N, num_q_tiles // 2, B)
-        cluster = dict(cluster=(2,), cluster_names=("cluster",))
     kernel = functools.partial(
         _kernel,
         spec=spec,
