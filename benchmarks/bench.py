@@ -160,10 +160,25 @@ def check(impl: Impl, s: suites.Shape, dtype) -> tuple[float, str]:
     return worst
 
 
-def time_fn(f, args, *, warmup: int = 3, rounds: int = 5, calls: int = 20) -> float:
-    """Median seconds per call: `rounds` rounds of `calls` calls, one sync per round."""
-    for _ in range(warmup):
+def time_fn(
+    f, args, *, warmup: int = 3, warmup_s: float | None = None, rounds: int = 5, calls: int = 20
+) -> float:
+    """Median seconds per call: `rounds` rounds of `calls` calls, one sync per round.
+
+    The warm-up runs at least `warmup` calls and at least `warmup_s` seconds of them (by
+    default half a second on a GPU, none elsewhere). The GPU idles while the CPU compiles
+    and checks each implementation, and three calls did not bring it back: at f309273 the
+    first implementation timed in a process read its forward 1-4 % slower than the same
+    kernels timed later in that process (head dim 256, 615.0 against 622.6 TFLOP/s
+    non-causal, 643.1 against 667.1 causal; `benchmarks/results/mosaic-f309273/`), which
+    favoured whatever was timed after it, and, since the backward is fwd+bwd less fwd,
+    flattered the first one's backward."""
+    if warmup_s is None:
+        warmup_s = 0.5 if jax.default_backend() == "gpu" else 0.0
+    start, n = time.perf_counter(), 0
+    while n < warmup or time.perf_counter() - start < warmup_s:
         jax.block_until_ready(f(*args))
+        n += 1
     t0 = time.perf_counter()
     jax.block_until_ready(f(*args))
     once = time.perf_counter() - t0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 
 import jax.numpy as jnp
 import pytest
@@ -83,6 +84,27 @@ def test_masking_suites_tiny_run(tmp_path, suite):
     assert ours and not any(r["error"] and not r["error"].startswith(noise) for r in ours)
     assert all(r["check_err"] < 1e-2 for r in ours)
     assert all(r["ms"] > 0 for r in ours if r["pass"] == "fwd")
+
+
+def test_time_fn_warms_up_for_the_seconds_asked():
+    """The warm-up runs until both its call count and its seconds are spent (the GPU's
+    clocks after a compile), then the timed rounds."""
+    calls = []
+
+    def f(x):
+        calls.append(time.perf_counter())
+        time.sleep(0.01)
+        return x
+
+    seconds = bench.time_fn(f, (jnp.zeros(()),), warmup=2, warmup_s=0.1, rounds=3, calls=2)
+    # >= 0.1 s of 10 ms calls (about 10), then one probe call and 3 rounds of 2.
+    warm = len(calls) - 1 - 3 * 2
+    assert warm >= 9, warm
+    assert calls[warm - 1] - calls[0] >= 0.08
+    assert 0.009 < seconds < 0.05
+    calls.clear()
+    bench.time_fn(f, (jnp.zeros(()),), warmup=2, warmup_s=0.0, rounds=1, calls=1)
+    assert len(calls) == 2 + 1 + 1
 
 
 def test_flops_convention():
