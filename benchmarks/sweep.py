@@ -133,6 +133,19 @@ def mosaic_fwd_candidates() -> list[configs.MosaicConfig]:
     return out
 
 
+def _dq_register_options(default, change: dict, hp: int) -> dict:
+    """The default's dQ register options where a candidate's dQ kernel still takes them:
+    Q and dO in registers beside dQ with block_q_dq x hp <= 64 x 128, every register to
+    the dQ warpgroup when it is the only one."""
+    block_q, consumers = (
+        change.get(f, getattr(default, f)) for f in ("block_q_dq", "consumers_dq")
+    )
+    return dict(
+        q_do_in_registers=default.q_do_in_registers and 2 * block_q * hp <= 128 * 128,
+        solo_dq_registers=default.solo_dq_registers and consumers == 1,
+    )
+
+
 def mosaic_bwd_candidates(head_dim: int) -> list[configs.MosaicBwdConfig]:
     """The default with its dK/dV part changed in up to MOSAIC_BWD_CHANGES fields, or
     its dQ part, never both. split_dkv (two warpgroups sharing a key tile, one on dV,
@@ -144,6 +157,7 @@ def mosaic_bwd_candidates(head_dim: int) -> list[configs.MosaicBwdConfig]:
     split = (default.split_dkv,)
     if mosaic_config.padded_head_dim(head_dim) >= 192:
         split = tuple(dict.fromkeys((default.split_dkv, not default.split_dkv)))
+    hp = mosaic_config.padded_head_dim(head_dim)
     out = {}
     for space in (dict(MOSAIC_DKV_SPACE, split_dkv=split), MOSAIC_DQ_SPACE):
         for values in itertools.product(*space.values()):
@@ -152,15 +166,16 @@ def mosaic_bwd_candidates(head_dim: int) -> list[configs.MosaicBwdConfig]:
                 continue
             if change.get("split_dkv") is False:  # P^T is handed over only within a split
                 change["share_probs"] = False
+            change.update(_dq_register_options(default, change, hp))
             try:
                 out[dataclasses.replace(default, **change)] = None
             except ValueError:  # split_dkv with consumers_dkv=1
                 continue
     # The fused kernel (one kernel, ordered dQ adds), with the dK/dV fields it can take
     # at this head dim: those that fit its extra shared memory and registers.
-    hp = mosaic_config.padded_head_dim(head_dim)
     for values in itertools.product(*MOSAIC_DKV_SPACE.values()):
         change = dict(zip(MOSAIC_DKV_SPACE, values), split_dkv=False, share_probs=False, fused=True)
+        change.update(q_do_in_registers=False, solo_dq_registers=False)  # no dQ kernel
         try:
             config = dataclasses.replace(default, **change)
             mosaic_backward.check_fits(config, hp)

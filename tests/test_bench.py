@@ -546,7 +546,11 @@ def test_mosaic_config_variants_are_named_by_their_fields(monkeypatch):
         impls.lookup("pallas_flash:mosaic/fused=yes")
     seen.clear()  # the forward default at the call's key length (persistent up to 2048)
     k = jnp.zeros((1, 4096, 2, 64), jnp.bfloat16)
-    impls.lookup("pallas_flash:mosaic/fused=true").fn(q, k, k, causal=False)
+    # (the default row's Q and dO in registers are the plain dQ kernel's: a fused variant
+    # names them off, or the config says why not)
+    with pytest.raises(ValueError, match="q_do_in_registers is the plain dQ kernel's"):
+        impls.lookup("pallas_flash:mosaic/fused=true").fn(q, k, k, causal=False)
+    impls.lookup("pallas_flash:mosaic/fused=true/q_do_in_registers=false").fn(q, k, k, causal=False)
     assert seen["backward_config"].fused and not seen["config"].persistent
     assert seen["config"] == mosaic_config.default_mosaic_config(64, 4096)
     seen.clear()  # and at the call's causal flag (head dim 128: persistent unless causal)

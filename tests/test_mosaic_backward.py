@@ -259,7 +259,7 @@ SPLIT_DQ_CASES = [
 @pytest.mark.parametrize("case", SPLIT_DQ_CASES, ids=lambda c: c.id)
 def test_interpret_split_dq_matches_reference(case):
     config = default_mosaic_bwd_config(case.head_dim)
-    config = dataclasses.replace(config, consumers_dq=2, split_dq=True, num_stages_dq=2)
+    config = _with_two_dq_warpgroups(config, split_dq=True, num_stages_dq=2)
     _compare(case, config, interpret=True, seed=_seed(case))
 
 
@@ -369,12 +369,26 @@ def _with_operands(config: MosaicBwdConfig, in_registers: bool, head_dim: int):
     head dim 256, the two staging tiles leave no room for share_probs' float32 P^T tile
     (233,552 bytes of 232,448), so there the staged form is the split without it (the
     hand-over is checked staged in interpret mode, where shared memory is not bounded,
-    and compiled with the operands in registers)."""
+    and compiled with the operands in registers). Staged, the dQ kernel's Q and dO are
+    read from shared memory too (q_do_in_registers off): every wgmma operand there."""
     config = dataclasses.replace(config, operands_in_registers=in_registers)
+    if not in_registers:
+        config = dataclasses.replace(config, q_do_in_registers=False)
     if config.share_probs and config.smem_bytes_dkv(padded_head_dim(head_dim)) > SMEM_BYTES:
         assert not in_registers
         config = dataclasses.replace(config, share_probs=False)
     return config
+
+
+def _with_two_dq_warpgroups(config: MosaicBwdConfig, split_dq: bool = False, **changes):
+    """`config` with two dQ warpgroups, each on its own query tile or (split_dq) both on
+    one: the default's grant of every register to a lone dQ warpgroup
+    (solo_dq_registers, head dims 192-256) goes, and with split_dq so do Q and dO in
+    registers (the plain dQ kernel's, head dims 64-128)."""
+    changes = dict(consumers_dq=2, solo_dq_registers=False, split_dq=split_dq, **changes)
+    if split_dq:
+        changes["q_do_in_registers"] = False
+    return dataclasses.replace(config, **changes)
 
 
 def test_config_validation():
@@ -615,13 +629,13 @@ def test_compiled_kernels_lower_for_hopper(head_dim, dtype, spec, in_registers):
         step_descriptors=in_registers == "steps",
     )
     if in_registers == "dq2":
-        config = dataclasses.replace(config, consumers_dq=2)
+        config = _with_two_dq_warpgroups(config)
         if head_dim == 256:  # two dQ warpgroups' Q and dO beside the K/V ring: too big
             with pytest.raises(ValueError, match="shared memory in its dQ kernel at head dim 256"):
                 mosaic_backward.check_fits(config, head_dim)
             return
     if in_registers == "split-dq":
-        config = dataclasses.replace(config, consumers_dq=2, split_dq=True)
+        config = _with_two_dq_warpgroups(config, split_dq=True)
         if head_dim % 128:
             with pytest.raises(ValueError, match=f"split_dq .* head dim {head_dim} has no halves"):
                 mosaic_backward.check_fits(config, head_dim)
@@ -908,7 +922,7 @@ def test_gpu_split_dq_matches_reference(case):
     """split_dq compiled (the dQ kernel's two warpgroups on one query tile), at the head
     dims whose halves are whole 64-column tiles."""
     config = default_mosaic_bwd_config(case.head_dim)
-    config = dataclasses.replace(config, consumers_dq=2, split_dq=True, num_stages_dq=2)
+    config = _with_two_dq_warpgroups(config, split_dq=True, num_stages_dq=2)
     _compare(case, config, interpret=False, seed=_seed(case))
 
 

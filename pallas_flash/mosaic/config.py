@@ -242,8 +242,17 @@ class MosaicConfig:
       head dim, so at 600 TFLOP/s the SMs pull about 4.7 TB/s from L2, near what an
       H100-class L2 gives; two CTAs per load halve that. Not with persistent. GPU
       interpret mode runs the clusters: the same bits as without, the reference, no
-      data race (tests/test_mosaic.py). Lowered for sm_90 on CPU; not yet compiled or
-      timed on the GPU, so off.
+      data race (tests/test_mosaic.py). Compiled at f309273 (bf16, B x T = 16k, beside
+      the default row and cuDNN; results/mosaic-f309273/fa-mosaic-*-mc.jsonl), forward
+      TFLOP/s with against without: 8k non-causal 487.7 / 472.6 (1.03x), 598.6 / 593.9
+      (1.01x) and 615.5 / 615.0 (1.00x) at head dims 64 / 128 / 256; 16k causal 470.2 /
+      462.8 and 613.2 / 599.6 (1.02x) at 64 / 128; but at 2k, where the default rows are
+      persistent (or take 128-key tiles), 0.89x / 0.95x at 64 causal / not and 0.91x at
+      128 causal. Those runs timed the default first in its process, with the warm-up
+      that at f309273 read the first implementation 1-4 % slow (benchmarks.bench.time_fn),
+      so the 1-3 % gains are not yet told from that; its compiled bitwise test ran on 2
+      of the 30 case-table rows (the same bits, results/mosaic-f309273/mosaic-tests.log).
+      Off.
     """
 
     block_q: int = 64
@@ -412,28 +421,38 @@ class MosaicBwdConfig:
       dim 128 with 64-row tiles. Not with split_dq or fused (no such dQ kernel). At
       19797c5, with q_register_cols=64 in the forward, backward TFLOP/s at non-causal
       8k (bf16, B x T = 16k) 373.8 / 462.6 against the default's 364.9 / 456.9 at head
-      dims 64 / 128 (1.02x / 1.01x; cuDNN 429.4 / 514.7); no spills.
+      dims 64 / 128 (1.02x / 1.01x; cuDNN 429.4 / 514.7); no spills. On in the default
+      rows of head dims 64-128 since DEFAULTCOMMIT (BWD_Q_DO_IN_REGISTERS has the evidence).
     k_v_in_registers: the same in the dK/dV kernel for its resident K and V (the A
       operands of S^T = K Q^T and dP^T = V dO^T): block_kv_dkv x head dim / 128
       registers a thread beside dK and dV, so head dim 64. Not with split_dkv or fused.
       At 19797c5 ptxas spills 128 bytes and serializes the dK/dV kernel's wgmmas
       (C7512) with it at head dim 64, and its backward ran 342.9 TFLOP/s against the
-      default's 364.9 (0.94x, non-causal 8k), so it stays off.
+      default's 364.9 (0.94x, non-causal 8k), so it stays off. This and
+      q_do_in_registers are compiled only: GPU interpret mode's wgmma reads A from
+      shared memory, and there both are off.
     solo_dq_registers: with one dQ warpgroup (consumers_dq=1, the default at head dims
       192-256), it takes SOLO_CONSUMER_REGISTERS (256) rather than the 232 two consumers
       share out: at 19797c5 ptxas spilled 608 bytes in that kernel at head dim 256
-      (`results/mosaic-19797c5/ptxas-operands-in-registers.jsonl`). Not yet compiled
-      with it, so off.
+      (`results/mosaic-19797c5/ptxas-operands-in-registers.jsonl`). On in the default
+      rows of head dims 192-256 since DEFAULTCOMMIT: backward 1.05-1.08x, the same bits
+      (BWD_SOLO_DQ_REGISTERS has the evidence).
     dq_kv_multicast: the dQ kernel's CTAs run in clusters of two on adjacent query tiles
       that walk one key range and load each K/V tile once for both by TMA multicast (as
       `MosaicConfig.kv_multicast` in the forward). Checked in GPU interpret mode and
-      lowered for sm_90 on CPU; not yet compiled or timed on the GPU, so off.
+      lowered for sm_90 on CPU.
     dkdv_q_multicast: the same for the dK/dV kernel: clusters of two CTAs on adjacent key
       spans walk one query range (both spans'), and each Q and dO tile is loaded once
       for both (the row statistics and ids, small, by each CTA). Checked in GPU
-      interpret mode and lowered for sm_90 on CPU; not yet compiled or timed, so off.
-      Both compiled only: GPU interpret mode's wgmma reads A from shared memory, and
-      there (with operands_in_registers off) they are off.
+      interpret mode and lowered for sm_90 on CPU. Both multicasts compiled at f309273
+      (bf16, B x T = 16k; results/mosaic-f309273/fa-mosaic-*-mc.jsonl; one variant with
+      both, beside the default row), backward TFLOP/s with against without: 8k
+      non-causal 372.2 / 367.5, 463.5 / 458.9 and 385.3 / 379.8 at head dims 64 / 128 /
+      256 (1.01x each); with q_do_in_registers too, 16k causal 369.1 / 373.8 (0.99x) and
+      474.3 / 469.6 (1.01x) at 64 / 128, 2k causal 273.0 / 295.2 (0.92x) and 367.7 /
+      365.4 (1.01x), 2k non-causal at 64 348.0 / 341.7 (1.02x); with solo_dq_registers
+      at 256 causal 8k 391.7 / 384.3 (1.02x). Level or worse, so off. Their compiled
+      bitwise tests ran on 2 of the 30 case-table rows each (the same bits).
     """
 
     block_q_dkv: int = 64
@@ -647,6 +666,28 @@ def default_mosaic_config(
 # the runs' noise, and it stays for the smaller spills.
 BWD_ROW_BOUND = True
 
+# The dQ kernel's Q and dO as register wgmma A operands (MosaicBwdConfig.q_do_in_registers)
+# in the default rows of head dims 64-128, since DEFAULTCOMMIT. Compiled, the same bits as
+# without on all 25 of the case table's rows at those head dims (14 at 19797c5,
+# results/mosaic-19797c5/mosaic-tests-q-do-in-registers.log, the other 11 at f309273,
+# results/mosaic-f309273/mosaic-tests.log). Speed, head dim 128 non-causal 8k (bf16,
+# B x T = 16k), timed default / with / default / with in one process at 26e6916 so that
+# neither holds the process's first place alone (results/mosaic-26e6916/fa-mosaic-128-aba.jsonl):
+# backward 461.5 / 468.5 / 465.6 / 471.3 TFLOP/s, 1.012-1.015x; at 19797c5, with Q's
+# forward columns (results/mosaic-19797c5/fa-mosaic-{64,128}-regs.jsonl), 1.02x / 1.01x
+# at head dims 64 / 128. No spills (ptxas-operands-in-registers.jsonl there).
+BWD_Q_DO_IN_REGISTERS = True
+# The one dQ warpgroup of head dims 192-256 with all 256 of its registers
+# (MosaicBwdConfig.solo_dq_registers) in the default rows since DEFAULTCOMMIT: at 232 ptxas
+# spilled 608 bytes in that kernel at head dim 256. Compiled, the same bits as without on
+# all 5 of the case table's head-dim-256 rows (results/mosaic-26e6916/mosaic-tests-solo-dq.log).
+# Speed (bf16, B x T = 16k), backward TFLOP/s: non-causal 8k 397.9 against 379.8 (1.05x,
+# results/mosaic-f309273/fa-mosaic-256-mc.jsonl), causal 8k 384.3 against 365.5 (1.05x,
+# fa-mosaic-256c-mc.jsonl there; cuDNN 346.9 / 364.7 in those runs), and causal 16k
+# timed default / with / default / with at 26e6916 386.3 / 412.1 / 381.9 / 414.1
+# (1.07-1.08x, results/mosaic-26e6916/fa-mosaic-256c-aba.jsonl).
+BWD_SOLO_DQ_REGISTERS = True
+
 
 def fused_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
     """The fused backward at this head dim: two consumers splitting the dQ share's
@@ -677,9 +718,17 @@ def default_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
         # dK/dV kernel ran 374 / 357 TFLOP/s (full / causal) against 349 / 342 for 64-row
         # tiles through 2 (1.07x / 1.04x); the module docstring has the side-by-side run.
         # Row-bound masks (row_bound_mask): see BWD_ROW_BOUND above.
-        return MosaicBwdConfig(block_q_dkv=128, num_stages_dkv=3, row_bound_mask=BWD_ROW_BOUND)
+        # Q and dO in registers: BWD_Q_DO_IN_REGISTERS above.
+        return MosaicBwdConfig(
+            block_q_dkv=128,
+            num_stages_dkv=3,
+            row_bound_mask=BWD_ROW_BOUND,
+            q_do_in_registers=BWD_Q_DO_IN_REGISTERS,
+        )
     if hp <= 128:
-        return MosaicBwdConfig(row_bound_mask=BWD_ROW_BOUND)
+        return MosaicBwdConfig(
+            row_bound_mask=BWD_ROW_BOUND, q_do_in_registers=BWD_Q_DO_IN_REGISTERS
+        )
     # Head dims 192 and 256 take the row-bound form too (since 1ae1789): compiled it gives
     # tile_mask's bits on the case table's 5 head-dim-256 rows (5 of 5 at 1ae1789,
     # results/mosaic-1ae1789/mosaic-tests-row-bound-h256.log), and beside tile_mask in one
@@ -691,6 +740,11 @@ def default_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
     # backward 1.14-1.17x at head dim 256, 4k and 16k, causal and not (module docstring);
     # compiled, the same bits as the split on the case table's head-dim-256 and -64 rows
     # (13 of 13, results/mosaic-e928813/mosaic-tests-share-probs.log).
+    # And the one dQ warpgroup takes all its registers: BWD_SOLO_DQ_REGISTERS above.
     return MosaicBwdConfig(
-        split_dkv=True, share_probs=True, consumers_dq=1, row_bound_mask=BWD_ROW_BOUND
+        split_dkv=True,
+        share_probs=True,
+        consumers_dq=1,
+        row_bound_mask=BWD_ROW_BOUND,
+        solo_dq_registers=BWD_SOLO_DQ_REGISTERS,
     )
