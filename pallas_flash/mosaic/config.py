@@ -422,7 +422,7 @@ class MosaicBwdConfig:
       19797c5, with q_register_cols=64 in the forward, backward TFLOP/s at non-causal
       8k (bf16, B x T = 16k) 373.8 / 462.6 against the default's 364.9 / 456.9 at head
       dims 64 / 128 (1.02x / 1.01x; cuDNN 429.4 / 514.7); no spills. On in the default
-      rows of head dims 64-128 since DEFAULTCOMMIT (BWD_Q_DO_IN_REGISTERS has the evidence).
+      rows of head dims 64-128 since 5173ae3 (BWD_Q_DO_IN_REGISTERS has the evidence).
     k_v_in_registers: the same in the dK/dV kernel for its resident K and V (the A
       operands of S^T = K Q^T and dP^T = V dO^T): block_kv_dkv x head dim / 128
       registers a thread beside dK and dV, so head dim 64. Not with split_dkv or fused.
@@ -435,7 +435,7 @@ class MosaicBwdConfig:
       192-256), it takes SOLO_CONSUMER_REGISTERS (256) rather than the 232 two consumers
       share out: at 19797c5 ptxas spilled 608 bytes in that kernel at head dim 256
       (`results/mosaic-19797c5/ptxas-operands-in-registers.jsonl`). On in the default
-      rows of head dims 192-256 since DEFAULTCOMMIT: backward 1.05-1.08x, the same bits
+      rows of head dims 192-256 since 5173ae3: backward 1.05-1.08x, the same bits
       (BWD_SOLO_DQ_REGISTERS has the evidence).
     dq_kv_multicast: the dQ kernel's CTAs run in clusters of two on adjacent query tiles
       that walk one key range and load each K/V tile once for both by TMA multicast (as
@@ -667,7 +667,7 @@ def default_mosaic_config(
 BWD_ROW_BOUND = True
 
 # The dQ kernel's Q and dO as register wgmma A operands (MosaicBwdConfig.q_do_in_registers)
-# in the default rows of head dims 64-128, since DEFAULTCOMMIT. Compiled, the same bits as
+# in the default rows of head dims 64-128, since 5173ae3. Compiled, the same bits as
 # without on all 25 of the case table's rows at those head dims (14 at 19797c5,
 # results/mosaic-19797c5/mosaic-tests-q-do-in-registers.log, the other 11 at f309273,
 # results/mosaic-f309273/mosaic-tests.log). Speed, head dim 128 non-causal 8k (bf16,
@@ -678,7 +678,7 @@ BWD_ROW_BOUND = True
 # at head dims 64 / 128. No spills (ptxas-operands-in-registers.jsonl there).
 BWD_Q_DO_IN_REGISTERS = True
 # The one dQ warpgroup of head dims 192-256 with all 256 of its registers
-# (MosaicBwdConfig.solo_dq_registers) in the default rows since DEFAULTCOMMIT: at 232 ptxas
+# (MosaicBwdConfig.solo_dq_registers) in the default rows since 5173ae3: at 232 ptxas
 # spilled 608 bytes in that kernel at head dim 256. Compiled, the same bits as without on
 # all 5 of the case table's head-dim-256 rows (results/mosaic-26e6916/mosaic-tests-solo-dq.log).
 # Speed (bf16, B x T = 16k), backward TFLOP/s: non-causal 8k 397.9 against 379.8 (1.05x,
