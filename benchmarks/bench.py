@@ -3,8 +3,12 @@
     python -m benchmarks.bench --suite fa --out benchmarks/results/fa.jsonl
     python -m benchmarks.bench --suite quick --tiny        # CPU, interpret mode, tiny
 
-Method (as ../shared/ANCHORS.md): jit, 3 warm-up calls, median of 5 rounds of N calls
-with one block_until_ready per round. Backward time = (forward+backward) - forward.
+Method (as ../shared/ANCHORS.md): jit, a warm-up of at least 3 calls and (on a GPU) half a
+second, median of 5 rounds of N calls with one block_until_ready per round; on each shape
+the implementations' rounds are taken in turn (round 1 of each, round 2 of each, ...), so
+that a drift of the GPU's speed over the process falls on all of them alike (since
+INTERLEAVECOMMIT; before, each implementation was timed whole, in the order named,
+after three warm-up calls). Backward time = (forward+backward) - forward.
 TFLOP/s by the FlashAttention-2/3 convention: forward 4*B*N*T*S*H, halved for causal;
 backward 2.5x that. Before an implementation is timed on a shape family, its output
 and gradients are checked against the float32 reference at a size where the reference
@@ -31,6 +35,7 @@ from benchmarks import suites
 from benchmarks.impls import IMPLS, Impl, lookup, reference_fn
 
 CHECK_SEQ = 1024  # the reference is materialised at most at this length
+ROUNDS = 5  # timed rounds of each function (time_fn, time_interleaved)
 CHECK_TOL = 2e-2  # relative max error accepted in the pre-timing check (16-bit inputs)
 
 
@@ -160,37 +165,83 @@ def check(impl: Impl, s: suites.Shape, dtype) -> tuple[float, str]:
     return worst
 
 
-def time_fn(
-    f, args, *, warmup: int = 3, warmup_s: float | None = None, rounds: int = 5, calls: int = 20
-) -> float:
-    """Median seconds per call: `rounds` rounds of `calls` calls, one sync per round.
+class Timed:
+    """One function's timing, warmed and then timed a round at a time, so that several
+    can take their rounds in turn (`time_interleaved`)."""
 
-    The warm-up runs at least `warmup` calls and at least `warmup_s` seconds of them (by
-    default half a second on a GPU, none elsewhere). The GPU idles while the CPU compiles
-    and checks each implementation, and three calls did not bring it back: at f309273 the
-    first implementation timed in a process read its forward 1-4 % slower than the same
-    kernels timed later in that process (head dim 256, 615.0 against 622.6 TFLOP/s
-    non-causal, 643.1 against 667.1 causal; `benchmarks/results/mosaic-f309273/`), which
-    favoured whatever was timed after it, and, since the backward is fwd+bwd less fwd,
-    flattered the first one's backward."""
-    if warmup_s is None:
-        warmup_s = 0.5 if jax.default_backend() == "gpu" else 0.0
-    start, n = time.perf_counter(), 0
-    while n < warmup or time.perf_counter() - start < warmup_s:
-        jax.block_until_ready(f(*args))
-        n += 1
-    t0 = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    once = time.perf_counter() - t0
-    calls = max(1, min(calls, int(0.25 / max(once, 1e-6))))  # keep a round under ~0.25 s
-    times = []
-    for _ in range(rounds):
+    def __init__(self, f, args, calls: int = 20):
+        self.f, self.args, self.calls, self.times = f, args, calls, []
+
+    def warm(self, warmup: int = 3, warmup_s: float | None = None):
+        """At least `warmup` calls and at least `warmup_s` seconds of them (by default half
+        a second on a GPU, none elsewhere), then one call that sizes a round (~0.25 s).
+
+        The GPU idles while the CPU compiles and checks each implementation, and three
+        calls did not bring it back: at f309273 the first implementation timed in a
+        process read its forward 1-4 % slower than the same kernels timed later in that
+        process (head dim 256, 615.0 against 622.6 TFLOP/s non-causal, 643.1 against
+        667.1 causal; `benchmarks/results/mosaic-f309273/`), which favoured whatever was
+        timed after it, and, since the backward is fwd+bwd less fwd, flattered the first
+        one's backward."""
+        if warmup_s is None:
+            warmup_s = 0.5 if jax.default_backend() == "gpu" else 0.0
+        start, n = time.perf_counter(), 0
+        while n < warmup or time.perf_counter() - start < warmup_s:
+            jax.block_until_ready(self.f(*self.args))
+            n += 1
         t0 = time.perf_counter()
-        for _ in range(calls):
-            out = f(*args)
+        jax.block_until_ready(self.f(*self.args))
+        once = time.perf_counter() - t0
+        self.calls = max(1, min(self.calls, int(0.25 / max(once, 1e-6))))
+
+    def round(self):
+        """`calls` calls, one sync: seconds per call."""
+        t0 = time.perf_counter()
+        for _ in range(self.calls):
+            out = self.f(*self.args)
         jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / calls)
-    return float(np.median(times))
+        self.times.append((time.perf_counter() - t0) / self.calls)
+
+    def median(self) -> float:
+        return float(np.median(self.times))
+
+
+def time_fn(
+    f,
+    args,
+    *,
+    warmup: int = 3,
+    warmup_s: float | None = None,
+    rounds: int = ROUNDS,
+    calls: int = 20,
+) -> float:
+    """Median seconds per call: `rounds` rounds of `calls` calls, one sync per round,
+    after the warm-up (`Timed.warm`)."""
+    timed = Timed(f, args, calls)
+    timed.warm(warmup, warmup_s)
+    for _ in range(rounds):
+        timed.round()
+    return timed.median()
+
+
+def time_interleaved(timed: dict, rounds: int = ROUNDS) -> dict:
+    """Median seconds per call of each Timed (already warmed), their rounds taken in turn:
+    round 1 of each, then round 2 of each, ... A drift of the GPU's speed over the
+    process (its clocks, its temperature) then falls on all of them alike rather than
+    on whichever ran last: at 26e6916 four identical forwards timed one after another
+    read 614.6 / 612.4 / 605.8 / 601.9 TFLOP/s (head dim 128;
+    `benchmarks/results/mosaic-26e6916/fa-mosaic-128-aba.jsonl`). A Timed whose call
+    raises gets the exception as its result and leaves the turn."""
+    out, live = {}, dict(timed)
+    for _ in range(rounds):
+        for key, t in list(live.items()):
+            try:
+                t.round()
+            except Exception as e:  # noqa: BLE001 - one failing call ends its own timing only
+                out[key] = e
+                del live[key]
+    out.update({key: t.median() for key, t in live.items()})
+    return out
 
 
 def measure_memory(f, args, run: bool) -> tuple[int, int | None, float | None]:
@@ -206,59 +257,93 @@ def measure_memory(f, args, run: bool) -> tuple[int, int | None, float | None]:
     return temp, stats.get("peak_bytes_in_use"), seconds
 
 
+def _error_message(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}".splitlines()[0][:300]
+
+
 def run_shape(impl: Impl, s: suites.Shape, passes, *, memory: bool, run: bool, checked: dict):
     """Yields one row per pass for this implementation and shape."""
-    dtype = s.dtype if s.dtype in impl.dtypes else impl.dtypes[0]
-    base = dict(
-        impl=impl.name,
-        **s.row(),
-        dtype=jnp.dtype(dtype).name,
-        ms=None,
-        tflops=None,
-        temp_bytes=None,
-        peak_bytes=None,
-        check_err=None,
-        check_worst=None,
-        check_ok=None,
-        error=None,
-    )
-    key = (impl.name, s.family())
-    try:
-        if key not in checked:
-            checked[key] = check(impl, s, dtype)
-        err, worst = checked[key]
-        # A result off the reference is recorded (check_ok False, and which output) and
-        # still timed: the table marks it, rather than hide a fast peer's number.
-        base.update(check_err=err, check_worst=worst, check_ok=bool(err <= CHECK_TOL))
-        q, k, v, do, arrays, static = make_inputs(s, dtype)
-        fwd, fwd_bwd = _bind(impl, s, static)
-        if memory:  # one compiled call: temporary bytes, peak bytes, its time
-            temp, peak, seconds = measure_memory(fwd_bwd, (q, k, v, do, arrays), run)
-            ms = None if seconds is None else seconds * 1e3
-            tflops = None if seconds is None else 3.5 * attention_flops(s) / seconds / 1e12
-            yield dict(
-                base, **{"pass": "fwd+bwd"}, temp_bytes=temp, peak_bytes=peak, ms=ms, tflops=tflops
-            )
-            return
-        t_fwd = time_fn(jax.jit(fwd), (q, k, v, arrays)) if set(passes) & {"fwd", "bwd"} else None
-        t_all = time_fn(jax.jit(fwd_bwd), (q, k, v, do, arrays))
-    except Exception as e:  # noqa: BLE001 - a failing peer is a result, not a crash
-        msg = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-        for p in passes:
-            yield dict(base, **{"pass": p, "error": msg})
-        return
+    yield from run_shapes([impl], s, passes, memory=memory, run=run, checked=checked)
+
+
+def run_shapes(impls, s: suites.Shape, passes, *, memory: bool, run: bool, checked: dict):
+    """Yields one row per pass for each implementation on this shape, in their order.
+
+    Each is checked against the reference, compiled and warmed; then all of them are
+    timed with their rounds interleaved (`time_interleaved`), so that none is favoured
+    by its place in the process. (So a shape's rows come once every implementation has
+    run: a call that hangs leaves none of that shape's rows.) With `memory`, each has one
+    compiled call instead, measured alone."""
     flops = attention_flops(s)
-    timed = {
-        "fwd": (t_fwd, flops),
-        "bwd": (None if t_fwd is None else t_all - t_fwd, 2.5 * flops),
-        "fwd+bwd": (t_all, 3.5 * flops),
-    }
-    for p in passes:
-        t, f = timed[p]
-        if t is not None and t <= 0:  # tiny shapes: fwd+bwd within noise of fwd alone
-            yield dict(base, **{"pass": p, "error": "below timing noise: fwd+bwd <= fwd"})
-        else:
-            yield dict(base, **{"pass": p, "ms": t * 1e3, "tflops": f / t / 1e12})
+    timed, bases = {}, {}
+    for impl in impls:
+        dtype = s.dtype if s.dtype in impl.dtypes else impl.dtypes[0]
+        base = dict(
+            impl=impl.name,
+            **s.row(),
+            dtype=jnp.dtype(dtype).name,
+            ms=None,
+            tflops=None,
+            temp_bytes=None,
+            peak_bytes=None,
+            check_err=None,
+            check_worst=None,
+            check_ok=None,
+            error=None,
+        )
+        key = (impl.name, s.family())
+        try:
+            if key not in checked:
+                checked[key] = check(impl, s, dtype)
+            err, worst = checked[key]
+            # A result off the reference is recorded (check_ok False, and which output) and
+            # still timed: the table marks it, rather than hide a fast peer's number.
+            base.update(check_err=err, check_worst=worst, check_ok=bool(err <= CHECK_TOL))
+            q, k, v, do, arrays, static = make_inputs(s, dtype)
+            fwd, fwd_bwd = _bind(impl, s, static)
+            if memory:  # one compiled call: temporary bytes, peak bytes, its time
+                temp, peak, seconds = measure_memory(fwd_bwd, (q, k, v, do, arrays), run)
+                ms = None if seconds is None else seconds * 1e3
+                tflops = None if seconds is None else 3.5 * flops / seconds / 1e12
+                yield dict(
+                    base,
+                    **{"pass": "fwd+bwd"},
+                    temp_bytes=temp,
+                    peak_bytes=peak,
+                    ms=ms,
+                    tflops=tflops,
+                )
+                continue
+            mine = {"all": Timed(jax.jit(fwd_bwd), (q, k, v, do, arrays))}
+            if set(passes) & {"fwd", "bwd"}:
+                mine["fwd"] = Timed(jax.jit(fwd), (q, k, v, arrays))
+            for t in mine.values():
+                t.warm()  # compiles, and brings the GPU up to speed
+        except Exception as e:  # noqa: BLE001 - a failing peer is a result, not a crash
+            for p in passes:
+                yield dict(base, **{"pass": p, "error": _error_message(e)})
+            continue
+        bases[impl.name] = base
+        timed.update({(impl.name, which): t for which, t in mine.items()})
+    seconds = time_interleaved(timed)
+    for name, base in bases.items():
+        t_all, t_fwd = seconds[name, "all"], seconds.get((name, "fwd"))
+        failed = [t for t in (t_all, t_fwd) if isinstance(t, BaseException)]
+        if failed:
+            for p in passes:
+                yield dict(base, **{"pass": p, "error": _error_message(failed[0])})
+            continue
+        by_pass = {
+            "fwd": (t_fwd, flops),
+            "bwd": (None if t_fwd is None else t_all - t_fwd, 2.5 * flops),
+            "fwd+bwd": (t_all, 3.5 * flops),
+        }
+        for p in passes:
+            t, f = by_pass[p]
+            if t is not None and t <= 0:  # tiny shapes: fwd+bwd within noise of fwd alone
+                yield dict(base, **{"pass": p, "error": "below timing noise: fwd+bwd <= fwd"})
+            else:
+                yield dict(base, **{"pass": p, "ms": t * 1e3, "tflops": f / t / 1e12})
 
 
 def main(argv=None):
@@ -309,7 +394,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     suite = suites.SUITES[args.suite]
-    names = args.impls.split(",") if args.impls else list(suite.impls)
+    # Each name once: a shape's implementations are timed in turn (run_shapes), so a
+    # name given twice would only be timed twice over the same rounds.
+    names = list(dict.fromkeys(args.impls.split(","))) if args.impls else list(suite.impls)
     impls, unknown = {}, []  # each name resolved once (a config variant is parsed here)
     for n in names:
         try:
@@ -353,16 +440,16 @@ def main(argv=None):
         if args.time_budget and time.perf_counter() - start > args.time_budget:
             print(f"time budget of {args.time_budget:.0f} s spent; stopping", flush=True)
             break
-        for name in names:
-            run = s.seq_q <= args.max_run_seq
-            for row in run_shape(
-                impls[name], s, suite.passes, memory=suite.memory, run=run, checked=checked
-            ):
-                row = dict(run_id=run_id, suite=args.suite, **env, **row)
-                print(_summary(row), flush=True)
-                if out:
-                    out.write(json.dumps(row) + "\n")
-                    out.flush()
+        run = s.seq_q <= args.max_run_seq
+        shape_impls = [impls[name] for name in names]
+        for row in run_shapes(
+            shape_impls, s, suite.passes, memory=suite.memory, run=run, checked=checked
+        ):
+            row = dict(run_id=run_id, suite=args.suite, **env, **row)
+            print(_summary(row), flush=True)
+            if out:
+                out.write(json.dumps(row) + "\n")
+                out.flush()
     if out:
         out.close()
     return 0

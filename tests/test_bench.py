@@ -107,6 +107,32 @@ def test_time_fn_warms_up_for_the_seconds_asked():
     assert len(calls) == 2 + 1 + 1
 
 
+def test_time_interleaved_takes_rounds_in_turn():
+    """Round 1 of each, round 2 of each, ...: a drift over the process falls on all alike.
+    One that raises gets its exception as its result and leaves the turn; the rest go on."""
+    order = []
+
+    class Fake:
+        def __init__(self, name, seconds, fail_on=None):
+            self.name, self.seconds, self.fail_on, self.n = name, seconds, fail_on, 0
+
+        def round(self):
+            order.append(self.name)
+            self.n += 1
+            if self.n == self.fail_on:
+                raise RuntimeError("boom")
+
+        def median(self):
+            return self.seconds
+
+    out = bench.time_interleaved(
+        {"a": Fake("a", 1.0), "b": Fake("b", 2.0, fail_on=2), "c": Fake("c", 3.0)}, rounds=3
+    )
+    assert order == ["a", "b", "c", "a", "b", "c", "a", "c"]
+    assert out["a"] == 1.0 and out["c"] == 3.0
+    assert isinstance(out["b"], RuntimeError)
+
+
 def test_flops_convention():
     s = bench.suites.Shape(2, 1024, 1024, 16, 16, 128, causal=False)
     assert bench.attention_flops(s) == 4 * 2 * 16 * 1024 * 1024 * 128
