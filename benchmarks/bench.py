@@ -7,7 +7,7 @@ Method (as ../shared/ANCHORS.md): jit, a warm-up of at least 3 calls and (on a G
 second, median of 5 rounds of N calls with one block_until_ready per round; on each shape
 the implementations' rounds are taken in turn (round 1 of each, round 2 of each, ...), so
 that a drift of the GPU's speed over the process falls on all of them alike (since
-INTERLEAVECOMMIT; before, each implementation was timed whole, in the order named,
+cc0b4cb; before, each implementation was timed whole, in the order named,
 after three warm-up calls). Backward time = (forward+backward) - forward.
 TFLOP/s by the FlashAttention-2/3 convention: forward 4*B*N*T*S*H, halved for causal;
 backward 2.5x that. Before an implementation is timed on a shape family, its output
