@@ -133,16 +133,16 @@ def mosaic_fwd_candidates() -> list[configs.MosaicConfig]:
     return out
 
 
-def _dq_register_options(default, change: dict, hp: int) -> dict:
+def _dq_register_options(default, change: dict, head_dim: int) -> dict:
     """The default's dQ register options where a candidate's dQ kernel still takes them:
-    Q and dO in registers beside dQ with block_q_dq x hp <= 64 x 128, every register to
-    the dQ warpgroup when it is the only one."""
-    block_q, consumers = (
-        change.get(f, getattr(default, f)) for f in ("block_q_dq", "consumers_dq")
-    )
+    Q and dO in registers where they fit beside dQ (`q_do_fit_registers`), every
+    register to the dQ warpgroup when it is the only one."""
+    block_q = change.get("block_q_dq", default.block_q_dq)
     return dict(
-        q_do_in_registers=default.q_do_in_registers and 2 * block_q * hp <= 128 * 128,
-        solo_dq_registers=default.solo_dq_registers and consumers == 1,
+        q_do_in_registers=default.q_do_in_registers
+        and mosaic_config.q_do_fit_registers(block_q, head_dim),
+        solo_dq_registers=default.solo_dq_registers
+        and change.get("consumers_dq", default.consumers_dq) == 1,
     )
 
 
@@ -155,9 +155,9 @@ def mosaic_bwd_candidates(head_dim: int) -> list[configs.MosaicBwdConfig]:
     with one warpgroup) are left out."""
     default = configs.default_mosaic_bwd_config(head_dim)
     split = (default.split_dkv,)
-    if mosaic_config.padded_head_dim(head_dim) >= 192:
-        split = tuple(dict.fromkeys((default.split_dkv, not default.split_dkv)))
     hp = mosaic_config.padded_head_dim(head_dim)
+    if hp >= 192:
+        split = tuple(dict.fromkeys((default.split_dkv, not default.split_dkv)))
     out = {}
     for space in (dict(MOSAIC_DKV_SPACE, split_dkv=split), MOSAIC_DQ_SPACE):
         for values in itertools.product(*space.values()):
@@ -166,7 +166,7 @@ def mosaic_bwd_candidates(head_dim: int) -> list[configs.MosaicBwdConfig]:
                 continue
             if change.get("split_dkv") is False:  # P^T is handed over only within a split
                 change["share_probs"] = False
-            change.update(_dq_register_options(default, change, hp))
+            change.update(_dq_register_options(default, change, head_dim))
             try:
                 out[dataclasses.replace(default, **change)] = None
             except ValueError:  # split_dkv with consumers_dkv=1

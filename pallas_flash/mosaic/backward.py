@@ -94,6 +94,7 @@ from pallas_flash.mosaic.config import (
     SWIZZLE,
     MosaicBwdConfig,
     padded_head_dim,
+    q_do_fit_registers,
 )
 from pallas_flash.mosaic.forward import (
     _COL,
@@ -987,7 +988,7 @@ def check_fits(config: MosaicBwdConfig, hp: int):
         )
     # Q and dO (16-bit) in registers cost what the dQ accumulator does; K and V what one
     # of dK, dV does.
-    if config.q_do_in_registers and 2 * config.block_q_dq * hp > 128 * 128:
+    if config.q_do_in_registers and not q_do_fit_registers(config.block_q_dq, hp):
         raise ValueError(
             f"q_do_in_registers at head dim {hp}: Q, dO and dQ of {config.block_q_dq} rows "
             "are too large for a warpgroup's registers (head dim 128 at most, 64-row tiles)"

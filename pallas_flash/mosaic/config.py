@@ -689,6 +689,14 @@ BWD_Q_DO_IN_REGISTERS = True
 BWD_SOLO_DQ_REGISTERS = True
 
 
+def q_do_fit_registers(block_q_dq: int, head_dim: int) -> bool:
+    """Whether the dQ kernel's Q and dO tiles (16-bit, block_q_dq rows) fit a
+    warpgroup's registers beside its dQ accumulator, which they cost as much as:
+    2 x block_q_dq x padded head dim <= 128 x 128, so head dim 128 at most with 64-row
+    tiles (MosaicBwdConfig.q_do_in_registers)."""
+    return 2 * block_q_dq * padded_head_dim(head_dim) <= 128 * 128
+
+
 def fused_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
     """The fused backward at this head dim: two consumers splitting the dQ share's
     columns at 128, its rows (128-row query tiles) at 64. Above 128 the accumulators do
