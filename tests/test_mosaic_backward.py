@@ -888,6 +888,23 @@ def test_gpu_k_v_in_registers_changes_no_bit(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(
+    "case", [c for c in GPU_CASES if padded_head_dim(c.head_dim) == 64], ids=lambda c: c.id
+)
+def test_gpu_dq_key_tiles_change_no_bit(case):
+    """The head-dim-64 default's 128-key dQ tiles (BWD_DQ_KEYS_64) against 64-key ones:
+    each 128-key wgmma runs its K in the order of two 64-key ones, so the same bits (and
+    the reference's tolerance)."""
+    config = default_mosaic_bwd_config(case.head_dim)
+    assert config.block_kv_dq == 128
+    seed = _seed(case)
+    chex.assert_trees_all_equal(
+        _compare(case, config, False, seed=seed),
+        _compare(case, dataclasses.replace(config, block_kv_dq=64), False, seed=seed),
+    )
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
 def test_gpu_dq_kv_multicast_changes_no_bit(case):
     """dq_kv_multicast compiled (the dQ kernel in clusters of two, K/V by TMA multicast):

@@ -89,7 +89,7 @@ and a TMA producer; shared memory from `smem_bytes_*`, operands in registers):
 
 | head dim | dK/dV: key tiles, rows per Q tile, stages | dQ: query tiles, K/V tile keys, stages    |
 |----------|-------------------------------------------|-------------------------------------------|
-| 64       | 2 x 64, 128, 3: 137,304 (bound)           | 2 x 64, 64, 2: 67,664 bytes               |
+| 64       | 2 x 64, 128, 3: 137,304 (bound)           | 2 x 64, 128, 2: 102,480 (bound)           |
 | 128      | 2 x 64, 64, 2: 133,176 bytes              | 2 x 64, 64, 2: 133,200 bytes              |
 | 192      | 1 x 64 (split, P^T handed over), 64, 2: 165,968 | 1 x 64, 64, 2: 149,576 bytes |
 | 256      | 1 x 64 (split, P^T handed over), 64, 2: 215,120 | 1 x 64, 64, 2: 198,728 bytes |
@@ -689,6 +689,17 @@ BWD_Q_DO_IN_REGISTERS = True
 BWD_SOLO_DQ_REGISTERS = True
 
 
+# Keys per K/V tile of the dQ kernel at head dim 64 (block_kv_dq). The backward sweep at
+# 536c0ce (results/mosaic-536c0ce/sweep-mosaic-64-bwd-440.jsonl; B=2, T=S=8k, bf16)
+# ranked 128-key tiles first: 375.7 / 365.0 TFLOP/s non-causal / causal against the
+# 64-key default's 369.7 / 354.7 (1.02x / 1.03x; three stages 376.6 / 364.1), the
+# default's bits (check_err 0.0). Each 64-row query tile then issues half as many
+# S / dP / dQ wgmma groups and waits half as many barriers per key; S and dP take
+# 64 registers each (64 x 128 float32 over 128 threads), which fit beside dQ's 32 and
+# Q and dO's 32. At 128 the same tiles would hold 64 more for dQ: not swept there.
+BWD_DQ_KEYS_64 = 128
+
+
 def q_do_fit_registers(block_q_dq: int, head_dim: int) -> bool:
     """Whether the dQ kernel's Q and dO tiles (16-bit, block_q_dq rows) fit a
     warpgroup's registers beside its dQ accumulator, which they cost as much as:
@@ -727,9 +738,11 @@ def default_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
         # tiles through 2 (1.07x / 1.04x); the module docstring has the side-by-side run.
         # Row-bound masks (row_bound_mask): see BWD_ROW_BOUND above.
         # Q and dO in registers: BWD_Q_DO_IN_REGISTERS above.
+        # 128-key K/V tiles in the dQ kernel: BWD_DQ_KEYS_64 below.
         return MosaicBwdConfig(
             block_q_dkv=128,
             num_stages_dkv=3,
+            block_kv_dq=BWD_DQ_KEYS_64,
             row_bound_mask=BWD_ROW_BOUND,
             q_do_in_registers=BWD_Q_DO_IN_REGISTERS,
         )
