@@ -697,6 +697,13 @@ BWD_SOLO_DQ_REGISTERS = True
 # S / dP / dQ wgmma groups and waits half as many barriers per key; S and dP take
 # 64 registers each (64 x 128 float32 over 128 threads), which fit beside dQ's 32 and
 # Q and dO's 32. At 128 the same tiles would hold 64 more for dQ: not swept there.
+# Timed at b1e8fd0 in one process in the order default (128) / 64 / 128 / 64, the
+# interleaved harness (results/mosaic-b1e8fd0/fa-mosaic-64{,c}-dqkeys.jsonl; bf16,
+# B x T = 16k), backward TFLOP/s: non-causal 2k 350.6 / 344.2 / 356.4 / 348.2 (1.02x),
+# causal 2k 307.0 / 289.2 / 298.5 / 279.7 (1.06x), causal 8k 374.3 / 356.9 / 376.2 /
+# 353.8 (1.05x; cuDNN 389.3, 282.8, 398.1). Compiled, the 64-key tiles' bits on all 14
+# head-dim-32/64 rows of the case table (test_gpu_dq_key_tiles_change_no_bit,
+# results/mosaic-b1e8fd0/mosaic-tests.log).
 BWD_DQ_KEYS_64 = 128
 
 
