@@ -261,19 +261,32 @@ def _error_message(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}".splitlines()[0][:300]
 
 
-def run_shape(impl: Impl, s: suites.Shape, passes, *, memory: bool, run: bool, checked: dict):
+# --tiny (CPU smoke runs): one call a round, one warm-up call, two rounds. The numbers
+# mean nothing there, and the default's 3 + 5 x up to 20 calls of each interpreted
+# kernel were most of the tiny suites' time.
+TINY_TIMING = dict(warmup=1, rounds=2, calls=1)
+
+
+def run_shape(
+    impl: Impl, s: suites.Shape, passes, *, memory: bool, run: bool, checked: dict, timing=None
+):
     """Yields one row per pass for this implementation and shape."""
-    yield from run_shapes([impl], s, passes, memory=memory, run=run, checked=checked)
+    yield from run_shapes([impl], s, passes, memory=memory, run=run, checked=checked, timing=timing)
 
 
-def run_shapes(impls, s: suites.Shape, passes, *, memory: bool, run: bool, checked: dict):
+def run_shapes(
+    impls, s: suites.Shape, passes, *, memory: bool, run: bool, checked: dict, timing=None
+):
     """Yields one row per pass for each implementation on this shape, in their order.
 
     Each is checked against the reference, compiled and warmed; then all of them are
     timed with their rounds interleaved (`time_interleaved`), so that none is favoured
     by its place in the process. (So a shape's rows come once every implementation has
     run: a call that hangs leaves none of that shape's rows.) With `memory`, each has one
-    compiled call instead, measured alone."""
+    compiled call instead, measured alone. `timing`: warmup, rounds and calls (a round's
+    most) where not the defaults (TINY_TIMING for --tiny)."""
+    timing = timing or {}
+    calls, warmup = timing.get("calls", 20), timing.get("warmup", 3)
     flops = attention_flops(s)
     timed, bases = {}, {}
     for impl in impls:
@@ -314,18 +327,18 @@ def run_shapes(impls, s: suites.Shape, passes, *, memory: bool, run: bool, check
                     tflops=tflops,
                 )
                 continue
-            mine = {"all": Timed(jax.jit(fwd_bwd), (q, k, v, do, arrays))}
+            mine = {"all": Timed(jax.jit(fwd_bwd), (q, k, v, do, arrays), calls)}
             if set(passes) & {"fwd", "bwd"}:
-                mine["fwd"] = Timed(jax.jit(fwd), (q, k, v, arrays))
+                mine["fwd"] = Timed(jax.jit(fwd), (q, k, v, arrays), calls)
             for t in mine.values():
-                t.warm()  # compiles, and brings the GPU up to speed
+                t.warm(warmup)  # compiles, and brings the GPU up to speed
         except Exception as e:  # noqa: BLE001 - a failing peer is a result, not a crash
             for p in passes:
                 yield dict(base, **{"pass": p, "error": _error_message(e)})
             continue
         bases[impl.name] = base
         timed.update({(impl.name, which): t for which, t in mine.items()})
-    seconds = time_interleaved(timed)
+    seconds = time_interleaved(timed, timing.get("rounds", ROUNDS))
     for name, base in bases.items():
         t_all, t_fwd = seconds[name, "all"], seconds.get((name, "fwd"))
         failed = [t for t in (t_all, t_fwd) if isinstance(t, BaseException)]
@@ -443,7 +456,13 @@ def main(argv=None):
         run = s.seq_q <= args.max_run_seq
         shape_impls = [impls[name] for name in names]
         for row in run_shapes(
-            shape_impls, s, suite.passes, memory=suite.memory, run=run, checked=checked
+            shape_impls,
+            s,
+            suite.passes,
+            memory=suite.memory,
+            run=run,
+            checked=checked,
+            timing=TINY_TIMING if args.tiny else None,
         ):
             row = dict(run_id=run_id, suite=args.suite, **env, **row)
             print(_summary(row), flush=True)

@@ -159,7 +159,11 @@ def main(argv=None) -> int:
         out = files.enter_context(open(args.out, "a")) if args.out else None
         for name, s in todo:
             with installed(LAYOUTS[name]) if name else contextlib.nullcontext():
-                for row in bench.run_shape(impl, s, passes, memory=False, run=True, checked={}):
+                timing = bench.TINY_TIMING if args.tiny else None
+                rows = bench.run_shape(
+                    impl, s, passes, memory=False, run=True, checked={}, timing=timing
+                )
+                for row in rows:
                     row = dict(run_id=run_id, suite="mask-layouts", **env, layout=name, **row)
                     print(f"{name or 'unmasked':18s} {bench._summary(row)}", flush=True)
                     if out:

@@ -70,7 +70,7 @@ def test_memory_suite_tiny_records_bytes(tmp_path):
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("suite", ["masks", "sparse"])
+@pytest.mark.parametrize("suite", ["masks", pytest.param("sparse", marks=pytest.mark.extended)])
 def test_masking_suites_tiny_run(tmp_path, suite):
     """Every masking label builds its arguments and our kernel runs it; peers lacking an
     argument are recorded as failed, naming it."""
@@ -371,6 +371,7 @@ def test_masks_sparse_and_hbm_tables():
     assert "| pallas_flash:triton | 1.50 | 0.50 | 2.00 | 1.24x |" in render.hbm_table([hbm])
 
 
+@pytest.mark.extended
 @pytest.mark.kernel
 def test_mask_layouts_experiment_runs_and_checks_each_layout(tmp_path):
     """benchmarks.mask_layouts: every alternative mask layout matches the reference
@@ -654,6 +655,7 @@ def test_lowered_ops_counts_the_mask_formulations(capsys):
         lowered_ops.parse_fields(["row_mask=true"])
 
 
+@pytest.mark.extended
 def test_lowered_ops_step_live_ins(capsys):
     """After MLIR's loop-invariant code motion the fused backward's steps read 64-bit
     values made before the loop (the wgmma descriptors of its resident tiles), and

@@ -205,6 +205,7 @@ def _config_id(c: MosaicConfig) -> str:
     return f"q{c.block_q}-kv{c.block_kv}-stages{c.num_stages}{extra}"
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("config", PIPELINES, ids=_config_id)
 def test_interpret_pipeline_configs(config):
     # One head: the config's pipeline runs per CTA (two row blocks, five K/V tiles, the
@@ -220,6 +221,7 @@ def test_interpret_pipeline_configs(config):
 OVERLAP_CASES = [INTERPRET_CASES[i] for i in (0, 2, 3, 5, 11)]
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("case", OVERLAP_CASES, ids=lambda c: c.id)
 def test_interpret_intra_overlap_matches_reference(case):
     config = dataclasses.replace(SMALL, intra_overlap=True)
@@ -250,7 +252,17 @@ def test_interpret_never_reads_skipped_tiles():
     chex.assert_trees_all_equal(out, _mosaic(case, SMALL, interpret=True, qkv=(q, k_bad, v_bad)))
 
 
-@pytest.mark.parametrize("schedule", ["", "overlap", "persistent", "persistent-h256", "multicast"])
+# intra_overlap and kv_multicast are off by default: their race checks are extended.
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        "",
+        pytest.param("overlap", marks=pytest.mark.extended),
+        "persistent",
+        "persistent-h256",
+        pytest.param("multicast", marks=pytest.mark.extended),
+    ],
+)
 def test_interpret_finds_no_data_race(schedule):
     """The interpreter's happens-before race detector over the shared buffers (Q/O, P,
     the logsumexp and the K/V ring; its wgmma operand reads are not instrumented). With
@@ -377,6 +389,7 @@ PERSISTENT_CASES = [INTERPRET_CASES[i] for i in (4, 3, 11)] + [
 ]
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("case", PERSISTENT_CASES, ids=lambda c: c.id)
 def test_interpret_persistent_equals_one_cta_per_item(case):
     """Each work item's arithmetic is the same in both grids, so the outputs are equal
@@ -389,6 +402,7 @@ def test_interpret_persistent_equals_one_cta_per_item(case):
     chex.assert_trees_all_equal(one, _mosaic(case, config, True, seed=1))
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("case", [INTERPRET_CASES[i] for i in (1, 2, 4, 5, 10)], ids=lambda c: c.id)
 def test_interpret_row_bound_mask_changes_no_bit(case):
     """`row_bound_mask` builds the same element mask from per-row bounds (bottom-right
@@ -400,6 +414,7 @@ def test_interpret_row_bound_mask_changes_no_bit(case):
     )
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("case", [INTERPRET_CASES[i] for i in (1, 2, 4, 5, 10)], ids=lambda c: c.id)
 def test_interpret_kv_multicast_changes_no_bit(case):
     """`kv_multicast` (clusters of two CTAs sharing each K/V tile's load): each CTA walks
@@ -477,13 +492,14 @@ LOWERINGS = {
     "p_in_registers,rescale_early,overlap,persistent,q_cols",
     [
         (True, False, False, False, 0),
-        (False, False, False, False, 0),
+        # P through shared memory, intra_overlap and kv_multicast are off by default
+        pytest.param(False, False, False, False, 0, marks=pytest.mark.extended),
         (True, True, False, False, 0),
-        (True, False, True, False, 0),
+        pytest.param(True, False, True, False, 0, marks=pytest.mark.extended),
         (True, True, False, True, 0),
         (True, True, False, False, 64),
-        (True, False, True, False, 64),
-        (True, True, False, False, -64),
+        pytest.param(True, False, True, False, 64, marks=pytest.mark.extended),
+        pytest.param(True, True, False, False, -64, marks=pytest.mark.extended),
     ],
     ids=[
         "p-regs",

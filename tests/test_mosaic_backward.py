@@ -189,6 +189,7 @@ def _config_id(c: MosaicBwdConfig) -> str:
     return f"{dkv}{'-split' if c.split_dkv else ''}-{dq}"
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("config", CONFIGS, ids=_config_id)
 def test_interpret_configs(config):
     # A GQA group of 2 with ragged, causal tiles: every config crosses masked, full and
@@ -202,6 +203,7 @@ def test_interpret_configs(config):
 ROW_BOUND_CASES = [INTERPRET_CASES[i] for i in (1, 2, 3, 7)]
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("case", ROW_BOUND_CASES, ids=lambda c: c.id)
 def test_interpret_row_bound_mask_changes_no_bit(case):
     """`row_bound_mask` (each query's key bounds against the key iota, in both kernels)
@@ -218,6 +220,7 @@ SHARE_PROBS_CASES = [
 ]
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("case", SHARE_PROBS_CASES, ids=lambda c: c.id)
 def test_interpret_share_probs_changes_no_bit(case):
     """`share_probs`: the dK warpgroup reads the dV warpgroup's P^T instead of
@@ -226,6 +229,7 @@ def test_interpret_share_probs_changes_no_bit(case):
     _flag_changes_no_bit(case, config, "share_probs", True)
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("case", [INTERPRET_CASES[i] for i in (1, 2, 3, 7)], ids=lambda c: c.id)
 def test_interpret_dq_kv_multicast_changes_no_bit(case):
     """`dq_kv_multicast`: the dQ kernel's clusters of two CTAs walk the key range of both
@@ -235,6 +239,7 @@ def test_interpret_dq_kv_multicast_changes_no_bit(case):
     _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "dq_kv_multicast", True)
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("case", [INTERPRET_CASES[i] for i in (1, 2, 3, 5, 7)], ids=lambda c: c.id)
 def test_interpret_dkdv_q_multicast_changes_no_bit(case):
     """`dkdv_q_multicast`: the dK/dV kernel's clusters of two CTAs walk the query range of
@@ -256,6 +261,7 @@ SPLIT_DQ_CASES = [
 ]
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("case", SPLIT_DQ_CASES, ids=lambda c: c.id)
 def test_interpret_split_dq_matches_reference(case):
     config = default_mosaic_bwd_config(case.head_dim)
@@ -304,7 +310,12 @@ def test_interpret_takes_the_mosaic_forward_residuals():
 
 @pytest.mark.parametrize(
     "share_probs,split_dq,multicast",
-    [(False, False, False), (True, True, False), (False, False, True)],  # multicast: both
+    [
+        (False, False, False),
+        (True, True, False),
+        # multicast (both kernels; off by default): extended
+        pytest.param(False, False, True, marks=pytest.mark.extended),
+    ],
     ids=["split", "share-probs-split-dq", "split-dq-kv-multicast"],
 )
 def test_interpret_finds_no_data_race(share_probs, split_dq, multicast):
@@ -465,6 +476,7 @@ FUSED_CASES = [
 ]
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("query_rows", [False, True], ids=["keys-rows", "query-rows"])
 @pytest.mark.parametrize("case,config", FUSED_CASES, ids=lambda x: getattr(x, "id", None))
 def test_interpret_fused_matches_reference(case, config, query_rows):
@@ -474,6 +486,7 @@ def test_interpret_fused_matches_reference(case, config, query_rows):
     _compare(case, config, interpret=True, seed=_seed(case))
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize(
     "case,config",
     [
@@ -488,6 +501,7 @@ def test_interpret_step_descriptors_change_no_bit(case, config):
     _flag_changes_no_bit(case, config, "step_descriptors", True)
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("query_rows", [False, True], ids=["keys-rows", "query-rows"])
 def test_interpret_fused_finds_no_data_race(capsys, query_rows):
     """The race detector (as test_interpret_finds_no_data_race) over the fused kernel's
@@ -543,6 +557,7 @@ ORDER_SPECS = {
 }
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("spec,segments", ORDER_SPECS.values(), ids=ORDER_SPECS.keys())
 def test_fused_add_order_matches_a_count(spec, segments):
     """The ranks of the ordered dQ adds (dq_adds.order_tables, computed in XLA from the
@@ -756,6 +771,7 @@ FUSED_LOWERINGS = {
 }
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize(
     "head_dim,config,with_segments", FUSED_LOWERINGS.values(), ids=FUSED_LOWERINGS.keys()
 )

@@ -63,6 +63,7 @@ def test_sweep_tiny_runs_and_renders(tmp_path):
     assert table.count("| 32 |") == 4 and "| 32 | yes | bwd |" in table
 
 
+@pytest.mark.extended
 @pytest.mark.kernel
 @pytest.mark.mosaic  # on a GPU, not in the `tests` step: a barrier bug hangs, not fails
 def test_sweep_tiny_mosaic_runs_and_renders(tmp_path):
