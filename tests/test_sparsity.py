@@ -57,7 +57,8 @@ CASES = [
 @pytest.mark.kernel
 @pytest.mark.parametrize(
     "case",
-    CASES,
+    # The plain and the causal case are extended: the per-head causal one holds both.
+    [pytest.param(c, marks=[pytest.mark.extended] * (i < 2)) for i, c in enumerate(CASES)],
     ids=lambda c: (
         f"{jnp.dtype(c['dtype']).name}-"
         f"{'-'.join(c['kw']) or 'plain'}{'-heads' if c.get('per_head') else ''}"
@@ -80,7 +81,9 @@ def test_block_sparse_matches_masked_reference(case):
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize(
+    "dtype", [jnp.float32, pytest.param(jnp.bfloat16, marks=pytest.mark.extended)]
+)
 def test_layout_blocks_larger_than_tiles(dtype):
     """A 32 x 64 block layout, run at 16 x 16 kernel tiles (and at the default tiles,
     which shrink to the blocks): the kernels restate the layout at their tiles."""
