@@ -491,10 +491,11 @@ LOWERINGS = {
 @pytest.mark.parametrize(
     "p_in_registers,rescale_early,overlap,persistent,q_cols",
     [
-        (True, False, False, False, 0),
-        # P through shared memory, intra_overlap and kv_multicast are off by default
+        # Q from shared memory (q_register_cols=0), P through shared memory, intra_overlap
+        # and kv_multicast are no default row's: extended, but for the one persistent row
+        pytest.param(True, False, False, False, 0, marks=pytest.mark.extended),
         pytest.param(False, False, False, False, 0, marks=pytest.mark.extended),
-        (True, True, False, False, 0),
+        pytest.param(True, True, False, False, 0, marks=pytest.mark.extended),
         pytest.param(True, False, True, False, 0, marks=pytest.mark.extended),
         (True, True, False, True, 0),
         (True, True, False, False, 64),

@@ -264,6 +264,7 @@ def _bytes_of(tokens, windows):
     return int(tokens[windows[:, 1:]].sum())
 
 
+@pytest.mark.extended  # the trainer's BPE path beside the main byte-level one
 def test_bpe_trains_without_tiktoken_in_bits_per_byte(bpe_corpus, tmp_path):
     """As on the GPU machine: no tiktoken. Training and evaluation run, bits per byte are
     nats / ln 2 / bytes of the targets, and the sample (its prompt needs tiktoken) is skipped."""
@@ -353,6 +354,7 @@ def test_gpt2_ranks_from_whisper_are_gpt2s():
         assert vocab.token_bytes()[tokens].sum() == meta[f"{split}_bytes"]
 
 
+@pytest.mark.extended  # a reporting flag of the trainer
 def test_memory_report_compiles_without_training(corpus, tmp_path, capsys):
     """--memory-report: the step's bytes per device for the run's shapes, and no training
     (no checkpoint, no metrics); temporaries grow with the context."""
