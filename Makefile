@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 venv: $(VENV)/.installed
 
 # CI's tier: everything but the tests marked `extended` (pyproject.toml), which CI's
-# 15 minutes on two cores do not hold (the whole CPU suite took 22.5 minutes at 9e2ccce).
+# 15 minutes on two cores do not hold (the whole CPU suite took 22.5 minutes at 536c0ce).
 test: venv
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -n 2 -q -m "not extended"
