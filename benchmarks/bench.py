@@ -36,6 +36,8 @@ from benchmarks.impls import IMPLS, Impl, lookup, reference_fn
 
 CHECK_SEQ = 1024  # the reference is materialised at most at this length
 ROUNDS = 5  # timed rounds of each function (time_fn, time_interleaved)
+WARMUP = 3  # warm-up calls at least (Timed.warm)
+CALLS = 20  # calls a round at most (Timed.warm sizes a round to ~0.25 s)
 CHECK_TOL = 2e-2  # relative max error accepted in the pre-timing check (16-bit inputs)
 
 
@@ -169,10 +171,10 @@ class Timed:
     """One function's timing, warmed and then timed a round at a time, so that several
     can take their rounds in turn (`time_interleaved`)."""
 
-    def __init__(self, f, args, calls: int = 20):
+    def __init__(self, f, args, calls: int = CALLS):
         self.f, self.args, self.calls, self.times = f, args, calls, []
 
-    def warm(self, warmup: int = 3, warmup_s: float | None = None):
+    def warm(self, warmup: int = WARMUP, warmup_s: float | None = None):
         """At least `warmup` calls and at least `warmup_s` seconds of them (by default half
         a second on a GPU, none elsewhere), then one call that sizes a round (~0.25 s).
 
@@ -210,10 +212,10 @@ def time_fn(
     f,
     args,
     *,
-    warmup: int = 3,
+    warmup: int = WARMUP,
     warmup_s: float | None = None,
     rounds: int = ROUNDS,
-    calls: int = 20,
+    calls: int = CALLS,
 ) -> float:
     """Median seconds per call: `rounds` rounds of `calls` calls, one sync per round,
     after the warm-up (`Timed.warm`)."""
@@ -286,7 +288,7 @@ def run_shapes(
     compiled call instead, measured alone. `timing`: warmup, rounds and calls (a round's
     most) where not the defaults (TINY_TIMING for --tiny)."""
     timing = timing or {}
-    calls, warmup = timing.get("calls", 20), timing.get("warmup", 3)
+    calls, warmup = timing.get("calls", CALLS), timing.get("warmup", WARMUP)
     flops = attention_flops(s)
     timed, bases = {}, {}
     for impl in impls:

@@ -131,10 +131,11 @@ def _compare(case, config, interpret, seed: int = 0, *, with_dlse=True, mosaic_f
     return grads
 
 
-def _flag_changes_no_bit(case, config, flag: str, interpret: bool):
-    """`config` with the boolean field `flag` on and off: the same gradients, bit for
-    bit (each also within the reference's tolerance, `_compare`)."""
-    on, off = (dataclasses.replace(config, **{flag: b}) for b in (True, False))
+def _flag_changes_no_bit(case, config, flag: str, interpret: bool, values=(True, False)):
+    """`config` with its field `flag` at each of two `values` (by default a boolean on
+    and off): the same gradients, bit for bit (each also within the reference's
+    tolerance, `_compare`)."""
+    on, off = (dataclasses.replace(config, **{flag: b}) for b in values)
     seed = _seed(case)
     chex.assert_trees_all_equal(
         _compare(case, on, interpret, seed=seed), _compare(case, off, interpret, seed=seed)
@@ -911,15 +912,13 @@ def test_gpu_k_v_in_registers_changes_no_bit(case):
 )
 def test_gpu_dq_key_tiles_change_no_bit(case):
     """The head-dim-64 default's 128-key dQ tiles (BWD_DQ_KEYS_64) against 64-key ones:
-    each 128-key wgmma runs its K in the order of two 64-key ones, so the same bits (and
-    the reference's tolerance)."""
+    each 128-key wgmma accumulates its K in place in the order of two 64-key ones, so the
+    same bits (and the reference's tolerance). Compiled only: staged through shared
+    memory (interpret mode's form) each tile's product is added on its own, and 128-key
+    and 64-key tiles then round differently (checked on CPU at 9a4f9ab)."""
     config = default_mosaic_bwd_config(case.head_dim)
     assert config.block_kv_dq == 128
-    seed = _seed(case)
-    chex.assert_trees_all_equal(
-        _compare(case, config, False, seed=seed),
-        _compare(case, dataclasses.replace(config, block_kv_dq=64), False, seed=seed),
-    )
+    _flag_changes_no_bit(case, config, "block_kv_dq", False, values=(128, 64))
 
 
 @pytest.mark.gpu

@@ -39,12 +39,13 @@ WALK = CASES[:25]
 assert set(CPU_WALK) <= {c.id for c in WALK}
 
 
-def _params(cases, kernel: bool):
+def _params(cases):
+    """The cases, those of WALK beyond CPU_WALK marked full_table (GPU only)."""
     return [
         pytest.param(
             c,
             id=c.id,
-            marks=[pytest.mark.full_table] if kernel and c in WALK and c.id not in CPU_WALK else [],
+            marks=[pytest.mark.full_table] if c in WALK and c.id not in CPU_WALK else [],
         )
         for c in cases
     ]
@@ -57,14 +58,14 @@ def _seed(case: Case) -> int:
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("case", _params(CASES, kernel=True))
+@pytest.mark.parametrize("case", _params(CASES))
 def test_triton_matches_reference(case):
     _compare(case, "triton", seed=_seed(case))
 
 
 # The XLA blockwise path on CPU: the same covering subset (each of its compiles takes
 # seconds on CPU too); the GPU run takes the whole table.
-@pytest.mark.parametrize("case", _params(CASES, kernel=True))
+@pytest.mark.parametrize("case", _params(CASES))
 def test_blockwise_matches_reference(case):
     _compare(case, "xla_blockwise", seed=_seed(case))
 
