@@ -187,6 +187,9 @@ PIPELINES = [
     MosaicConfig(block_q=64, block_kv=64, num_stages=3),
     MosaicConfig(block_q=64, block_kv=64, num_stages=2, schedule_barrier=False),
     MosaicConfig(block_q=64, block_kv=128, num_stages=2),
+    # 192-key tiles: a partial last tile at every power-of-two length (head dim 128's
+    # candidate, which fits only without the forward's reduction scratch).
+    MosaicConfig(block_q=64, block_kv=192, num_stages=2, early_k_wait=True),
     MosaicConfig(block_q=128, block_kv=64, num_stages=2),
     MosaicConfig(block_q=64, block_kv=64, num_stages=2, rescale_before_turn=True),
     MosaicConfig(block_q=64, block_kv=64, num_stages=2, early_k_wait=True),

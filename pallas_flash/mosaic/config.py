@@ -160,10 +160,18 @@ SOLO_CONSUMER_REGISTERS = 256
 # keep 24 each, 2 * 128 * 24 + 256 * 232 = 65536.
 FUSED_SIDE_REGISTERS = 24
 SWIZZLE = 128  # bytes: the widest shared-memory swizzle, for conflict-free wgmma reads
-# What Mosaic GPU adds: scratch for cross-warp reductions (CompilerParams'
-# reduction_scratch_bytes) and alignment (the estimate below is then within 1 KiB
-# above what Mosaic GPU's lowering reports, checked at head dims 64 to 256).
-_MOSAIC_OVERHEAD = 128 * 4 * 4 + 1024
+# Shared memory Mosaic GPU reserves for cross-warp reductions (CompilerParams'
+# reduction_scratch_bytes, 2 KiB by default) in a kernel with any reduction, whatever its
+# layout. The forward's row max and row sum reduce over a WGMMA tile's columns, which
+# the four threads of one warp hold: shuffles, no shared memory. So the forward reserves
+# none, and those 2 KiB are what 192-key tiles at head dim 128 lacked (two stages:
+# 229,376 bytes of Q, K and V tiles of the 232,448).
+FWD_REDUCTION_SCRATCH_BYTES = 0
+# What Mosaic GPU adds: that scratch (the backward kernels keep the default) and
+# alignment (the estimate below is then within 1 KiB above what Mosaic GPU's lowering
+# reports, checked at head dims 64 to 256).
+_ALIGNMENT_OVERHEAD = 1024
+_MOSAIC_OVERHEAD = 128 * 4 * 4 + _ALIGNMENT_OVERHEAD
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -307,7 +315,7 @@ class MosaicConfig:
         p = 0 if self.p_in_registers else p_tile * (2 if self.intra_overlap else 1)
         lse = NUM_CONSUMERS * self.block_q * 4
         barriers = 8 * (4 * self.num_stages + NUM_CONSUMERS + 1)
-        return q_o + kv + p + lse + barriers + _MOSAIC_OVERHEAD
+        return q_o + kv + p + lse + barriers + FWD_REDUCTION_SCRATCH_BYTES + _ALIGNMENT_OVERHEAD
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -61,6 +61,7 @@ from pallas_flash import masks
 from pallas_flash.logits import LN2, LOG2E, Logits
 from pallas_flash.mosaic.config import (
     CONSUMER_REGISTERS,
+    FWD_REDUCTION_SCRATCH_BYTES,
     NUM_CONSUMERS,
     PRODUCER_REGISTERS,
     SMEM_BYTES,
@@ -955,7 +956,9 @@ def forward(
         grid_names=grid_names,
         num_threads=NUM_CONSUMERS + 1,
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True),
+        compiler_params=plgpu.CompilerParams(
+            approx_math=True, reduction_scratch_bytes=FWD_REDUCTION_SCRATCH_BYTES
+        ),
         interpret=None if interpret is False else interpret,
         kernel_name="pallas_flash_mosaic_fwd",
         **cluster,
