@@ -261,6 +261,10 @@ class MosaicConfig:
       so the 1-3 % gains are not yet told from that; its compiled bitwise test ran on 2
       of the 30 case-table rows (the same bits, results/mosaic-f309273/mosaic-tests.log).
       Off.
+    late_row_sum: P's row sums (for l_i) are added while P V's wgmma runs, after it is
+      issued, rather than in the softmax before the turn, so they leave the critical
+      path to the tensor cores (tokamax's order at head dims above 128, where P V is
+      longest). Holds the float32 P until then. Not with intra_overlap.
     """
 
     block_q: int = 64
@@ -275,8 +279,11 @@ class MosaicConfig:
     row_bound_mask: bool = True
     q_register_cols: int = 0
     kv_multicast: bool = False
+    late_row_sum: bool = False
 
     def __post_init__(self):
+        if self.late_row_sum and self.intra_overlap:
+            raise ValueError("late_row_sum orders the plain step's work: not with intra_overlap")
         if self.q_register_cols % 64 or self.q_register_cols < 0:
             raise ValueError(f"{self.q_register_cols=} must be a multiple of 64 (0: none)")
         if self.block_q % 64 or self.block_q < 64:

@@ -122,12 +122,13 @@ def device_unsupported() -> str | None:
     return None
 
 
-def _online_softmax(s, m_i, l_i, c: float, keep):
+def _online_softmax(s, m_i, l_i, c: float, keep, row_sum: bool = True):
     """One online-softmax step on raw scores `s` [block_q, block_kv] (float32).
 
     `c` is scale * log2(e); `keep` is the element mask or None. Returns the
     probabilities p (base 2, not normalised), the new m_i and l_i, and alpha, which
-    rescales what was accumulated so far.
+    rescales what was accumulated so far. `row_sum` False: l_i is only rescaled, and
+    the caller adds p's row sums (MosaicConfig.late_row_sum).
     """
 
     def rows(x):  # [block_q] -> [block_q, block_kv]
@@ -146,7 +147,7 @@ def _online_softmax(s, m_i, l_i, c: float, keep):
         m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)
     alpha = jnp.exp2(m_i - m_use)
     p = jnp.exp2((s if c == 1.0 else s * c) - rows(m_use))  # [block_q, block_kv]
-    l_i = l_i * alpha + jnp.sum(p, axis=1)
+    l_i = l_i * alpha + jnp.sum(p, axis=1) if row_sum else l_i * alpha
     return p, m_new, l_i, alpha
 
 
@@ -571,10 +572,25 @@ def _kernel(
 
                 return pl.run_scoped(qk, plgpu.ACC((block_q, block_kv), jnp.float32))
 
-            def accumulate_pv(acc, p, slot, after_issue=lambda: None):
+            def accumulate_pv(acc, p, slot, after_issue=lambda: None, l_sum=None):
                 """acc + P V of the V tile in `slot`. P in registers (an array) accumulates in
                 place; P staged in shared memory (a ref: GPU interpret mode's form) goes into a
-                fresh accumulator that is added. `after_issue` runs while the wgmma does."""
+                fresh accumulator that is added. `after_issue` runs while the wgmma does.
+                `l_sum` (late_row_sum): (l_i, the float32 P) whose row sums are added to l_i
+                while the wgmma runs; then (acc, l_i) is returned."""
+                if config.p_in_registers and l_sum is not None:
+
+                    def pv_sum(refs):
+                        acc_ref, l_ref = refs
+                        plgpu.wgmma(acc_ref, p, v_smem.at[slot])
+                        after_issue()
+                        l_ref[...] = l_ref[...] + jnp.sum(l_sum[1], axis=1)
+
+                    return pl.run_state(pv_sum)((plgpu.ACC.init(acc), l_sum[0]))
+                if l_sum is not None:  # P staged: the sum's place does not matter here
+                    return accumulate_pv(acc, p, slot, after_issue), l_sum[0] + jnp.sum(
+                        l_sum[1], axis=1
+                    )
                 if config.p_in_registers:
 
                     def pv(acc_ref):
@@ -598,7 +614,9 @@ def _kernel(
                     plgpu.barrier_wait(k_ready.at[slot])
                 s = qk_scores(slot)
                 keep = release_k(j, slot, s.shape, masked)
-                p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, c, keep)  # p: [block_q, block_kv]
+                late = config.late_row_sum
+                p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, c, keep, row_sum=not late)
+                p32 = p  # [block_q, block_kv] float32, for late_row_sum's sums
 
                 def rescale(acc, p):  # [block_q, head_dim], and P as the wgmma takes it
                     return acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), p.astype(dtype)
@@ -617,7 +635,10 @@ def _kernel(
                     plgpu.commit_smem()  # make the stores visible to the wgmma's async reads
                     p = p_smem.at[wg]
                 after = (lambda: wait_next_k(j)) if config.early_k_wait else (lambda: None)
-                acc = accumulate_pv(acc, p, slot, after)
+                if late:
+                    acc, l_i = accumulate_pv(acc, p, slot, after, l_sum=(l_i, p32))
+                else:
+                    acc = accumulate_pv(acc, p, slot, after)
                 plgpu.barrier_arrive(v_free.at[slot])
                 return acc, m_i, l_i
 
