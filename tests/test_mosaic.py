@@ -187,14 +187,10 @@ PIPELINES = [
     MosaicConfig(block_q=64, block_kv=64, num_stages=3),
     MosaicConfig(block_q=64, block_kv=64, num_stages=2, schedule_barrier=False),
     MosaicConfig(block_q=64, block_kv=128, num_stages=2),
-    # 192-key tiles: a partial last tile at every power-of-two length (head dim 128's
-    # candidate, which fits only without the forward's reduction scratch).
-    MosaicConfig(block_q=64, block_kv=192, num_stages=2, early_k_wait=True),
     MosaicConfig(block_q=128, block_kv=64, num_stages=2),
     MosaicConfig(block_q=64, block_kv=64, num_stages=2, rescale_before_turn=True),
     MosaicConfig(block_q=64, block_kv=64, num_stages=2, early_k_wait=True),
     MosaicConfig(block_q=64, block_kv=64, num_stages=1, early_k_wait=True),
-    MosaicConfig(block_q=64, block_kv=64, num_stages=2, early_k_wait=True, late_row_sum=True),
     MosaicConfig(block_q=64, block_kv=64, num_stages=2, intra_overlap=True),
     MosaicConfig(block_q=64, block_kv=64, num_stages=1, intra_overlap=True),
     MosaicConfig(block_q=64, block_kv=64, num_stages=2, schedule_barrier=False, intra_overlap=True),
@@ -206,7 +202,6 @@ def _config_id(c: MosaicConfig) -> str:
     extra += "-rescale-early" if c.rescale_before_turn else ""
     extra += "-k-wait-early" if c.early_k_wait else ""
     extra += "-overlap" if c.intra_overlap else ""
-    extra += "-late-row-sum" if c.late_row_sum else ""
     return f"q{c.block_q}-kv{c.block_kv}-stages{c.num_stages}{extra}"
 
 
@@ -458,8 +453,6 @@ def test_config_validation():
             MosaicConfig(intra_overlap=True, **{flag: True})
     with pytest.raises(ValueError, match="not with persistent"):
         MosaicConfig(intra_overlap=True, persistent=True)
-    with pytest.raises(ValueError, match="late_row_sum .* not with intra_overlap"):
-        MosaicConfig(late_row_sum=True, intra_overlap=True)
     with pytest.raises(ValueError, match="q_register_cols"):
         MosaicConfig(q_register_cols=96)
     with pytest.raises(ValueError, match="kv_multicast .* not with persistent"):
@@ -753,16 +746,6 @@ def test_gpu_kv_multicast_changes_no_bit(case):
     config = dataclasses.replace(default, persistent=False)
     multicast = dataclasses.replace(config, kv_multicast=True)
     _changed_no_bit(case, config, multicast, interpret=False, seed=seed_of(case))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
-def test_gpu_late_row_sum_matches_reference(case):
-    """late_row_sum compiled (P's row sums added while P V runs) on the call's default
-    row, over the whole table."""
-    default = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
-    config = dataclasses.replace(default, late_row_sum=True)
-    _compare(case, config, interpret=False, seed=seed_of(case))
 
 
 @pytest.mark.gpu

@@ -160,18 +160,10 @@ SOLO_CONSUMER_REGISTERS = 256
 # keep 24 each, 2 * 128 * 24 + 256 * 232 = 65536.
 FUSED_SIDE_REGISTERS = 24
 SWIZZLE = 128  # bytes: the widest shared-memory swizzle, for conflict-free wgmma reads
-# Shared memory Mosaic GPU reserves for cross-warp reductions (CompilerParams'
-# reduction_scratch_bytes, 2 KiB by default) in a kernel with any reduction, whatever its
-# layout. The forward's row max and row sum reduce over a WGMMA tile's columns, which
-# the four threads of one warp hold: shuffles, no shared memory. So the forward reserves
-# none, and those 2 KiB are what 192-key tiles at head dim 128 lacked (two stages:
-# 229,376 bytes of Q, K and V tiles of the 232,448).
-FWD_REDUCTION_SCRATCH_BYTES = 0
-# What Mosaic GPU adds: that scratch (the backward kernels keep the default) and
-# alignment (the estimate below is then within 1 KiB above what Mosaic GPU's lowering
-# reports, checked at head dims 64 to 256).
-_ALIGNMENT_OVERHEAD = 1024
-_MOSAIC_OVERHEAD = 128 * 4 * 4 + _ALIGNMENT_OVERHEAD
+# What Mosaic GPU adds: scratch for cross-warp reductions (CompilerParams'
+# reduction_scratch_bytes) and alignment (the estimate below is then within 1 KiB
+# above what Mosaic GPU's lowering reports, checked at head dims 64 to 256).
+_MOSAIC_OVERHEAD = 128 * 4 * 4 + 1024
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -261,10 +253,6 @@ class MosaicConfig:
       so the 1-3 % gains are not yet told from that; its compiled bitwise test ran on 2
       of the 30 case-table rows (the same bits, results/mosaic-f309273/mosaic-tests.log).
       Off.
-    late_row_sum: P's row sums (for l_i) are added while P V's wgmma runs, after it is
-      issued, rather than in the softmax before the turn, so they leave the critical
-      path to the tensor cores (tokamax's order at head dims above 128, where P V is
-      longest). Holds the float32 P until then. Not with intra_overlap.
     """
 
     block_q: int = 64
@@ -279,11 +267,8 @@ class MosaicConfig:
     row_bound_mask: bool = True
     q_register_cols: int = 0
     kv_multicast: bool = False
-    late_row_sum: bool = False
 
     def __post_init__(self):
-        if self.late_row_sum and self.intra_overlap:
-            raise ValueError("late_row_sum orders the plain step's work: not with intra_overlap")
         if self.q_register_cols % 64 or self.q_register_cols < 0:
             raise ValueError(f"{self.q_register_cols=} must be a multiple of 64 (0: none)")
         if self.block_q % 64 or self.block_q < 64:
@@ -322,7 +307,7 @@ class MosaicConfig:
         p = 0 if self.p_in_registers else p_tile * (2 if self.intra_overlap else 1)
         lse = NUM_CONSUMERS * self.block_q * 4
         barriers = 8 * (4 * self.num_stages + NUM_CONSUMERS + 1)
-        return q_o + kv + p + lse + barriers + FWD_REDUCTION_SCRATCH_BYTES + _ALIGNMENT_OVERHEAD
+        return q_o + kv + p + lse + barriers + _MOSAIC_OVERHEAD
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

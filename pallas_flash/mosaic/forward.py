@@ -61,7 +61,6 @@ from pallas_flash import masks
 from pallas_flash.logits import LN2, LOG2E, Logits
 from pallas_flash.mosaic.config import (
     CONSUMER_REGISTERS,
-    FWD_REDUCTION_SCRATCH_BYTES,
     NUM_CONSUMERS,
     PRODUCER_REGISTERS,
     SMEM_BYTES,
@@ -122,13 +121,12 @@ def device_unsupported() -> str | None:
     return None
 
 
-def _online_softmax(s, m_i, l_i, c: float, keep, row_sum: bool = True):
+def _online_softmax(s, m_i, l_i, c: float, keep):
     """One online-softmax step on raw scores `s` [block_q, block_kv] (float32).
 
     `c` is scale * log2(e); `keep` is the element mask or None. Returns the
     probabilities p (base 2, not normalised), the new m_i and l_i, and alpha, which
-    rescales what was accumulated so far. `row_sum` False: l_i is only rescaled, and
-    the caller adds p's row sums (MosaicConfig.late_row_sum).
+    rescales what was accumulated so far.
     """
 
     def rows(x):  # [block_q] -> [block_q, block_kv]
@@ -147,7 +145,7 @@ def _online_softmax(s, m_i, l_i, c: float, keep, row_sum: bool = True):
         m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)
     alpha = jnp.exp2(m_i - m_use)
     p = jnp.exp2((s if c == 1.0 else s * c) - rows(m_use))  # [block_q, block_kv]
-    l_i = l_i * alpha + jnp.sum(p, axis=1) if row_sum else l_i * alpha
+    l_i = l_i * alpha + jnp.sum(p, axis=1)
     return p, m_new, l_i, alpha
 
 
@@ -572,25 +570,10 @@ def _kernel(
 
                 return pl.run_scoped(qk, plgpu.ACC((block_q, block_kv), jnp.float32))
 
-            def accumulate_pv(acc, p, slot, after_issue=lambda: None, l_sum=None):
+            def accumulate_pv(acc, p, slot, after_issue=lambda: None):
                 """acc + P V of the V tile in `slot`. P in registers (an array) accumulates in
                 place; P staged in shared memory (a ref: GPU interpret mode's form) goes into a
-                fresh accumulator that is added. `after_issue` runs while the wgmma does.
-                `l_sum` (late_row_sum): (l_i, the float32 P) whose row sums are added to l_i
-                while the wgmma runs; then (acc, l_i) is returned."""
-                if config.p_in_registers and l_sum is not None:
-
-                    def pv_sum(refs):
-                        acc_ref, l_ref = refs
-                        plgpu.wgmma(acc_ref, p, v_smem.at[slot])
-                        after_issue()
-                        l_ref[...] = l_ref[...] + jnp.sum(l_sum[1], axis=1)
-
-                    return pl.run_state(pv_sum)((plgpu.ACC.init(acc), l_sum[0]))
-                if l_sum is not None:  # P staged: the sum's place does not matter here
-                    return accumulate_pv(acc, p, slot, after_issue), l_sum[0] + jnp.sum(
-                        l_sum[1], axis=1
-                    )
+                fresh accumulator that is added. `after_issue` runs while the wgmma does."""
                 if config.p_in_registers:
 
                     def pv(acc_ref):
@@ -614,9 +597,7 @@ def _kernel(
                     plgpu.barrier_wait(k_ready.at[slot])
                 s = qk_scores(slot)
                 keep = release_k(j, slot, s.shape, masked)
-                late = config.late_row_sum
-                p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, c, keep, row_sum=not late)
-                p32 = p  # [block_q, block_kv] float32, for late_row_sum's sums
+                p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, c, keep)  # p: [block_q, block_kv]
 
                 def rescale(acc, p):  # [block_q, head_dim], and P as the wgmma takes it
                     return acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), p.astype(dtype)
@@ -635,10 +616,7 @@ def _kernel(
                     plgpu.commit_smem()  # make the stores visible to the wgmma's async reads
                     p = p_smem.at[wg]
                 after = (lambda: wait_next_k(j)) if config.early_k_wait else (lambda: None)
-                if late:
-                    acc, l_i = accumulate_pv(acc, p, slot, after, l_sum=(l_i, p32))
-                else:
-                    acc = accumulate_pv(acc, p, slot, after)
+                acc = accumulate_pv(acc, p, slot, after)
                 plgpu.barrier_arrive(v_free.at[slot])
                 return acc, m_i, l_i
 
@@ -977,9 +955,7 @@ def forward(
         grid_names=grid_names,
         num_threads=NUM_CONSUMERS + 1,
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(
-            approx_math=True, reduction_scratch_bytes=FWD_REDUCTION_SCRATCH_BYTES
-        ),
+        compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=None if interpret is False else interpret,
         kernel_name="pallas_flash_mosaic_fwd",
         **cluster,
