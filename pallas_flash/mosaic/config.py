@@ -28,7 +28,12 @@ gpu_run.sh step `sweep-mosaic:HD:fwd`; B=2, T=S=8k, bf16; TFLOP/s non-causal / c
   as well 573 / 600; rescale_before_turn alone 576 / 559; intra_overlap 463 / 450 (539 /
   530 without ping-pong); no ping-pong 534 / 558; block_kv 64 at most 514; 128 rows per
   warpgroup at most 539. Three stages or block_kv 192 at 64 rows need more than the 227
-  KiB of shared memory, so those were not compiled.
+  KiB of shared memory, so those were not compiled. Block_kv 192 fits once the forward
+  reserves no reduction scratch; compiled that way at c9dd6ce (results/mosaic-c9dd6ce/,
+  beside the default in one process, B x T = 16k) it ran 0.76x / 0.94x the default
+  non-causal at 2k / 8k and 0.91x causal 8k, so neither is kept. At a33e535
+  (results/mosaic-a33e535/) rescale_before_turn ran 1.00x / 1.01x at 2k / 8k, one CTA
+  per tile 0.98x / 0.99x, both with Q from shared memory 0.94x / 0.97x.
 - Head dim 64 (`sweep-mosaic-64-fwd-c6719a0.jsonl`, 13 candidates, the new default
   first): with the early K wait 437 / 419, without 417 / 400 (1.05x / 1.05x); block_kv
   64 369 / 358; three stages 433 / 419; block_kv 192 435 non-causal. Then
