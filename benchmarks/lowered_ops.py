@@ -13,6 +13,11 @@ MLIR bytecode at the arith / vector / llvm level) by name, where the two differ.
 proxy for the instructions a change adds or saves before LLVM and ptxas fold constants
 and schedule: the SASS (`benchmarks.ptxas --sass`, on the GPU) says what is left.
 
+`--peers` lowers the forward of JAX's Mosaic FA3 and (where the peer wheels import)
+tokamax's Mosaic forward with our default row's tiles, non-causal, and prints each
+kernel's step loops by operation where they differ from ours (`peer_step_ops`): what
+their steps do that ours does not, before the GPU says what it costs.
+
 `--live-ins` prints instead, for each kernel's steps (innermost loops of at least
 STEP_OPS operations), the values a step reads that are computed outside it, constants
 and what folds to them aside, by type, after MLIR's common-subexpression elimination and
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import sys
 
@@ -189,6 +195,85 @@ def backward_modules(config: MosaicBwdConfig, spec: masks.MaskSpec, head_dim: in
     return _modules(f, q, q, q, q, lse, q, lens, lens)
 
 
+def step_ops(module_bytes: bytes, least: int = 300) -> list[collections.Counter]:
+    """Operations by name in each step of one kernel module: its innermost loops of at
+    least `least` operations (a forward step is 3,000-4,000 at head dims 128-256)."""
+    with _context() as ctx:
+        out = []
+        for loop in _walk(_parse(module_bytes, ctx).operation):
+            if loop.name in _LOOPS:
+                body = [op.name for op in _walk(loop)]
+                if len(body) >= least and not any(name in _LOOPS for name in body):
+                    out.append(collections.Counter(body))
+        return out
+
+
+@contextlib.contextmanager
+def _fa3_without_cuda_runtime():
+    """JAX's Mosaic FA3 asks the CUDA runtime's version before it traces (a ptxas bug of
+    12.8); on a machine without CUDA that module is None. Lowering needs no runtime."""
+    from jax.experimental.pallas.ops.gpu import attention_mgpu
+
+    class _Cuda13:
+        @staticmethod
+        def cuda_runtime_get_version():
+            return 13000
+
+    saved = attention_mgpu.cuda_versions
+    attention_mgpu.cuda_versions = saved or _Cuda13
+    try:
+        yield attention_mgpu
+    finally:
+        attention_mgpu.cuda_versions = saved
+
+
+def peer_forward_modules(head_dim: int, seq: int) -> dict[str, list[bytes]]:
+    """Forward kernel modules lowered for sm_90, non-causal, B=1, 2 heads: ours (the
+    default row's tiles, one CTA per tile), JAX's Mosaic FA3 and, where the peer wheels
+    import, tokamax's Mosaic forward, both with our row's block_q, block_kv and stages."""
+    ours = dataclasses.replace(default_mosaic_config(head_dim, seq, False), persistent=False)
+    out = {"pallas_flash:mosaic": forward_modules(ours, masks.MaskSpec(), head_dim, seq)}
+    with _fa3_without_cuda_runtime() as fa3:
+        tuning = fa3.TuningConfig(
+            block_q=ours.block_q, block_kv=ours.block_kv, max_concurrent_steps=ours.num_stages
+        )
+        q16 = jax.ShapeDtypeStruct((1, seq, 2, head_dim), jnp.float16)  # its tiles are f16
+        out["jax:mosaic_fa3"] = _modules(
+            lambda q, k, v: fa3.attention(q, k, v, tuning), q16, q16, q16
+        )
+    try:
+        from tokamax._src.ops.attention import pallas_mosaic_gpu_kernel_sm90 as tk
+    except ImportError:  # the peer wheels are not on this machine
+        return out
+    config = tk.Config(
+        block_q=ours.block_q, block_kv=ours.block_kv, num_stages=ours.num_stages, persistent=False
+    )
+
+    def tokamax_fwd(q, k, v):
+        return tk.flash_attention_kernel(
+            q, k, v, None, None, None, None, is_causal=False, logits_soft_cap=None,
+            logits_scale=0.1, out_dtype=jnp.dtype(jnp.bfloat16), normalize_output=True,
+            return_residuals=False, use_stable_softmax=True, rescale_threshold=1.0,
+            config=config,
+        )[0]  # fmt: skip
+
+    q = jax.ShapeDtypeStruct((seq, 2, head_dim), jnp.bfloat16)
+    out["tokamax:mosaic"] = _modules(tokamax_fwd, q, q, q)
+    return out
+
+
+def peer_step_ops(head_dim: int, seq: int) -> dict[str, collections.Counter]:
+    """Each forward's step by operation (`peer_forward_modules`): for ours the smallest
+    step loop (the one without masks; the others mask the key tail), for a peer its one."""
+    out = {}
+    for name, mods in peer_forward_modules(head_dim, seq).items():
+        steps = [step for m in mods for step in step_ops(m)]
+        if not steps:  # JAX's Mosaic FA3 unrolls a loop of one tile: no step loop left
+            raise ValueError(f"{name} has no step loop at seq {seq}: take a longer seq")
+        out[name] = min(steps, key=lambda c: sum(c.values()))
+    return out
+
+
 def forward_ops(config: MosaicConfig, spec: masks.MaskSpec, head_dim: int, seq: int):
     """Operation counts of the forward kernel lowered for sm_90 with `config`."""
     (module,) = forward_modules(config, spec, head_dim, seq)
@@ -210,7 +295,18 @@ def main(argv=None) -> int:
     parser.add_argument("--base", nargs="+", default=[], help="FIELD=VALUE: the baseline")
     parser.add_argument("--set", nargs="+", default=[], help="FIELD=VALUE: the change")
     parser.add_argument("--live-ins", action="store_true", help="each step's live-ins")
+    parser.add_argument("--peers", action="store_true", help="our forward step against peers'")
     args = parser.parse_args(argv)
+    if args.peers:
+        steps = peer_step_ops(args.head_dim, args.seq)
+        names = list(steps)
+        print(f"forward step at head dim {args.head_dim}, operations:")
+        print("  " + " | ".join(f"{n}: {sum(steps[n].values())}" for n in names))
+        for op in sorted(set().union(*steps.values())):
+            counts = [steps[n][op] for n in names]
+            if len(set(counts)) > 1:
+                print(f"  {op}: " + " | ".join(map(str, counts)))
+        return 0
     causal = args.causal == "true"
     spec = masks.MaskSpec(causal=causal)
     if args.kernel == "forward":
