@@ -455,6 +455,12 @@ def test_config_validation():
         MosaicConfig(intra_overlap=True, persistent=True)
     with pytest.raises(ValueError, match="q_register_cols"):
         MosaicConfig(q_register_cols=96)
+    for flags in (dict(intra_overlap=True), dict(schedule_barrier=False)):
+        with pytest.raises(ValueError, match="named_turns .* needs schedule_barrier"):
+            MosaicConfig(named_turns=True, **flags)
+    for flags in (dict(intra_overlap=True), dict(kv_multicast=True), dict(num_stages=4)):
+        with pytest.raises(ValueError, match="named_releases .* at most 3 stages"):
+            MosaicConfig(named_releases=True, **flags)
     with pytest.raises(ValueError, match="kv_multicast .* not with persistent"):
         MosaicConfig(kv_multicast=True, persistent=True)
     q = jnp.ones((1, 8, 1, 256), BF16)
@@ -543,6 +549,34 @@ def test_compiled_kernel_lowers_for_hopper(
     lens = jax.ShapeDtypeStruct((2,), jnp.int32)
     lowered = jax.jit(f).trace(q, kv, kv, lens, lens).lower(lowering_platforms=("cuda",))
     assert "mosaic_gpu" in lowered.as_text()
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("persistent", [False, True], ids=["one-cta-per-tile", "persistent"])
+@pytest.mark.parametrize("head_dim,causal", [(64, True), (128, False), (256, False)])
+def test_named_barriers_lower_for_hopper(head_dim, causal, persistent):
+    """named_turns and named_releases lowered for sm_90: the turns are `bar.arrive` /
+    `bar.sync` of the two consumers (256 threads) on hardware named barriers, and a step
+    then waits on two mbarriers (K and V) where the default's waits on four; the slot
+    releases are arrivals of 384 threads (both consumers and the producer's sync)."""
+    from benchmarks import lowered_ops
+
+    spec = masks.MaskSpec(causal=causal)
+    default = dataclasses.replace(
+        default_mosaic_config(head_dim, 1024, causal), persistent=persistent
+    )
+    waits = {}
+    for turns, releases in ((False, False), (True, False), (False, True), (True, True)):
+        config = dataclasses.replace(default, named_turns=turns, named_releases=releases)
+        (module,) = lowered_ops.forward_modules(config, spec, head_dim, 1024)
+        steps = lowered_ops.step_ops(module)
+        assert steps
+        waits[turns, releases] = {step["nvvm.mbarrier.try_wait.parity"] for step in steps}
+        with lowered_ops._context() as ctx:
+            text = str(lowered_ops._parse(module, ctx))
+        assert ("bar.arrive $0, 256;" in text and "bar.sync $0, 256;" in text) is turns
+        assert ("bar.arrive $0, 384;" in text and "bar.sync $0, 384;" in text) is releases
+    assert waits == {(False, False): {4}, (True, False): {2}, (False, True): {4}, (True, True): {2}}
 
 
 @pytest.mark.parametrize("schedule", ["", "overlap", "persistent", "row-mask-window"])
@@ -746,6 +780,22 @@ def test_gpu_kv_multicast_changes_no_bit(case):
     config = dataclasses.replace(default, persistent=False)
     multicast = dataclasses.replace(config, kv_multicast=True)
     _changed_no_bit(case, config, multicast, interpret=False, seed=seed_of(case))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("flags", ["named_turns", "named_releases", "both"])
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_named_barriers_change_no_bit(case, flags):
+    """named_turns and named_releases compiled: they order the work, not its numbers, so
+    the call's default row gives the same bits with them, and passes the reference."""
+    default = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
+    both = flags == "both"
+    named = dataclasses.replace(
+        default,
+        named_turns=both or flags == "named_turns",
+        named_releases=both or flags == "named_releases",
+    )
+    _changed_no_bit(case, default, named, interpret=False, seed=seed_of(case))
 
 
 @pytest.mark.gpu

@@ -164,6 +164,8 @@ SOLO_CONSUMER_REGISTERS = 256
 # The fused backward adds a fourth warpgroup (dq_adds.writer): the producer and it
 # keep 24 each, 2 * 128 * 24 + 256 * 232 = 65536.
 FUSED_SIDE_REGISTERS = 24
+# Stages whose slot releases fit on the hardware named barriers left (named_releases).
+MAX_NAMED_STAGES = 3
 SWIZZLE = 128  # bytes: the widest shared-memory swizzle, for conflict-free wgmma reads
 # What Mosaic GPU adds: scratch for cross-warp reductions (CompilerParams'
 # reduction_scratch_bytes) and alignment (the estimate below is then within 1 KiB
@@ -258,6 +260,22 @@ class MosaicConfig:
       so the 1-3 % gains are not yet told from that; its compiled bitwise test ran on 2
       of the 30 case-table rows (the same bits, results/mosaic-f309273/mosaic-tests.log).
       Off.
+    named_turns: the ping-pong hands each turn over one way (one arrive after a
+      consumer's Q K^T is issued, one sync before its P V), on the SM's hardware named
+      barriers (`bar.arrive` / `bar.sync`, forward.PingPong) rather than a shared-memory
+      mbarrier that both consumers meet at twice a step (each of whose arrivals is 128
+      threads' atomics on shared memory). tokamax's forward hands its turns over so, and
+      at head dim 256 runs 1.10x ours with our tiles (README, "Wider key tiles");
+      lowered for sm_90, its step and ours otherwise hold the same arithmetic. Compiled
+      only: GPU interpret mode runs no inline PTX, and there it is off. Not with
+      intra_overlap. Not yet timed, so off.
+    named_releases: the consumers release each K and V slot with `bar.arrive` on a
+      hardware named barrier and the producer waits with `bar.sync` (forward.NamedSlots),
+      rather than 128 threads of each consumer arriving on a shared-memory mbarrier that
+      the producer polls: tokamax's other synchronisation (README, "Wider key tiles").
+      Compiled only, as named_turns. Not with kv_multicast (cluster barriers) or
+      intra_overlap; at most MAX_NAMED_STAGES stages (16 barriers a CTA: 2 for the turns,
+      2 per stage here, and Mosaic GPU's own). Not yet timed, so off.
     """
 
     block_q: int = 64
@@ -272,8 +290,22 @@ class MosaicConfig:
     row_bound_mask: bool = True
     q_register_cols: int = 0
     kv_multicast: bool = False
+    named_turns: bool = False
+    named_releases: bool = False
 
     def __post_init__(self):
+        if self.named_releases and (
+            self.kv_multicast or self.intra_overlap or self.num_stages > MAX_NAMED_STAGES
+        ):
+            raise ValueError(
+                "named_releases takes the ring's releases to named barriers: not with "
+                f"kv_multicast or intra_overlap, and at most {MAX_NAMED_STAGES} stages"
+            )
+        if self.named_turns and (self.intra_overlap or not self.schedule_barrier):
+            raise ValueError(
+                "named_turns hands the ping-pong's turns over: it needs schedule_barrier "
+                "and not intra_overlap"
+            )
         if self.q_register_cols % 64 or self.q_register_cols < 0:
             raise ValueError(f"{self.q_register_cols=} must be a multiple of 64 (0: none)")
         if self.block_q % 64 or self.block_q < 64:

@@ -55,6 +55,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_flash import masks
@@ -192,7 +193,7 @@ def stream_kv_tiles(
 
         @pl.when(reuse)
         def _():
-            plgpu.barrier_wait(k_free.at[slot])
+            await_free_slot(k_free, slot)
 
         plgpu.copy_gmem_to_smem(
             k_ref.at[b, rows, kv_head], k_smem.at[slot], k_ready.at[slot], collective_axes=cluster
@@ -202,7 +203,7 @@ def stream_kv_tiles(
 
         @pl.when(reuse)
         def _():
-            plgpu.barrier_wait(v_free.at[slot])
+            await_free_slot(v_free, slot)
 
         plgpu.copy_gmem_to_smem(
             v_ref.at[b, rows, kv_head], v_smem.at[slot], v_ready.at[slot], collective_axes=cluster
@@ -249,7 +250,7 @@ def drain_ring(free, end, stages: int):
     def wait(pos, _):
         slot = lax.rem(pos, jnp.int32(stages))
         for barrier in free:
-            plgpu.barrier_wait(barrier.at[slot])
+            await_free_slot(barrier, slot)
 
     lax.fori_loop(jnp.maximum(0, end - stages), end, wait, None)
 
@@ -270,38 +271,117 @@ class PingPong:
     wait before the next products) avoids that; built here as an option at ac9dc15 and
     timed at 41958b0, it ran 0.96-1.00x this rendezvous at head dim 128 (README), so it
     was removed.
+
+    `named` (MosaicConfig.named_turns): the one-way hand-over again, on the SM's
+    hardware named barriers rather than a shared-memory mbarrier (tokamax's form):
+    barrier NAMED_TURNS + w is consumer w's turn. A consumer arrives on the other's
+    after issuing its first products (`meet`) and syncs on its own before the next
+    (`my_turn`), 128 threads each, so a turn needs the other's products issued; consumer
+    1 syncs once before the first step, and consumer 0 syncs on consumer 1's barrier
+    after the last, which completes with consumer 1's last turn. Within a work item
+    neither can arrive twice on one barrier before the other syncs (its next arrival
+    follows its own next sync, which needs the other's arrival after that sync); the
+    sync at the end keeps it so across a persistent CTA's items, where an arrival there
+    could meet the next item's first before consumer 1 took its last turn.
     """
 
-    def __init__(self, turns, wg):
+    def __init__(self, turns, wg, named: bool = False):
         self.turns, self.wg = turns, wg  # wg: the consumer's index, static or traced
+        self.named = named and turns is not None
 
     def meet(self):
-        if self.turns is not None:
+        if self.named:
+            named_barrier("arrive", NAMED_TURNS + 1 - self.wg, 2 * WARPGROUP_THREADS)
+        elif self.turns is not None:
             plgpu.barrier_arrive(self.turns)
             plgpu.barrier_wait(self.turns)
 
     def elementwise_done(self):
-        if self.turns is not None:
+        if self.turns is not None and not self.named:
             plgpu.barrier_arrive(self.turns)
 
     def my_turn(self):
-        if self.turns is not None:
+        if self.named:
+            named_barrier("sync", NAMED_TURNS + self.wg, 2 * WARPGROUP_THREADS)
+        elif self.turns is not None:
             plgpu.barrier_wait(self.turns)
 
     def start(self):  # before the first step
-        self._on(1)
+        self._on(1, self.my_turn)
 
     def end(self):  # after the last
-        self._on(0)
+        self._on(0, lambda: named_barrier("sync", NAMED_TURNS + 1, 2 * WARPGROUP_THREADS))
 
-    def _on(self, wg: int):  # meet if this is consumer `wg`
+    def _on(self, wg: int, fn):  # fn (named), or meet, if this is consumer `wg`
         if self.turns is None:
             return
+        fn = fn if self.named else self.meet
         if isinstance(self.wg, int):
             if self.wg == wg:
-                self.meet()
+                fn()
         else:
-            pl.when(self.wg == wg)(self.meet)
+            pl.when(self.wg == wg)(fn)
+
+
+# Hardware named barriers of the forward's ping-pong (named_turns): NAMED_TURNS + w is
+# consumer w's turn. Mosaic GPU takes barrier 0 (a CTA-wide sync) and 1 + w for
+# warpgroup w's own syncs; 16 exist per CTA.
+NAMED_TURNS = 8
+WARPGROUP_THREADS = 128
+
+
+def named_barrier(op: str, barrier, threads: int) -> None:
+    """`bar.arrive` or `bar.sync` (op) of the executing warpgroup on hardware named barrier
+    `barrier` (an int or a traced int32, the same in every thread), which completes when
+    `threads` threads have arrived or synced. No shared memory: the SM counts them."""
+
+    @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WG_SPLAT,))
+    def emit(_ctx, barrier_id):
+        mgpu_utils.inline_ptx(
+            f"bar.{op} $0, {threads};", barrier_id.registers[()], has_side_effects=True
+        )
+
+    emit(jnp.asarray(barrier, jnp.int32))
+
+
+# Hardware named barriers of the forward's slot releases (named_releases): K slot s is
+# NAMED_FREE + s, V slot s NAMED_FREE + stages + s (MosaicConfig allows 3 stages).
+NAMED_FREE = NAMED_TURNS + 2
+
+
+@dataclasses.dataclass(frozen=True)
+class NamedSlots:
+    """A ring's slot releases on hardware named barriers (MosaicConfig.named_releases):
+    slot s's is barrier `first + s`. Both consumers arrive when done with a slot and the
+    producer warpgroup syncs before refilling it, so each completes at 384 threads, in
+    the SM's barrier unit rather than by 256 atomics on a shared-memory mbarrier. The
+    producer syncs once per refill and once per slot at the end (drain_ring), so every
+    release is taken."""
+
+    first: int
+
+    def release(self, slot):
+        named_barrier("arrive", self.first + slot, (NUM_CONSUMERS + 1) * WARPGROUP_THREADS)
+
+    def await_free(self, slot):
+        named_barrier("sync", self.first + slot, (NUM_CONSUMERS + 1) * WARPGROUP_THREADS)
+
+
+def release_slot(free, slot) -> None:
+    """A consumer is done with ring slot `slot`: `free` is the ring's free barriers (an
+    mbarrier array, or NamedSlots)."""
+    if isinstance(free, NamedSlots):
+        free.release(slot)
+    else:
+        plgpu.barrier_arrive(free.at[slot])
+
+
+def await_free_slot(free, slot) -> None:
+    """The producer waits until every consumer released ring slot `slot`."""
+    if isinstance(free, NamedSlots):
+        free.await_free(slot)
+    else:
+        plgpu.barrier_wait(free.at[slot])
 
 
 def persistent_item(cta, i, num_ctas: int, *, snake: bool):
@@ -417,6 +497,8 @@ def _kernel(
     # With segment ids, their [B, T] and [B, S] arrays come before the outputs.
     q_seg_ref, kv_seg_ref, o_ref, lse_ref = refs if len(refs) == 4 else (None, None, *refs)
     block_q, block_kv, stages = config.block_q, config.block_kv, config.num_stages
+    if config.named_releases:  # the slot releases on hardware named barriers instead
+        k_free, v_free = NamedSlots(NAMED_FREE), NamedSlots(NAMED_FREE + stages)
     head_dim = qo_smem.shape[-1]
     dtype = qo_smem.dtype
     wg = lax.axis_index("wg")
@@ -522,7 +604,7 @@ def _kernel(
             diag = masks.offset(spec, q_len, kv_len) if spec.uses_offset else 0
             c = scale * LOG2E  # base-2 scores: log2(e) folded into the scale
 
-            pingpong = PingPong(turns, wg)
+            pingpong = PingPong(turns, wg, named=config.named_turns)
 
             def wait_next_k(j):  # early_k_wait: K of tile j + 1, while tile j's P V runs
                 @pl.when(j + 1 < hi)
@@ -541,7 +623,7 @@ def _kernel(
                             plgpu.load(kv_seg_smem.at[slot], layout=_COL), shape, [1]
                         ),
                     )
-                plgpu.barrier_arrive(k_free.at[slot])
+                release_slot(k_free, slot)
                 if not masked:
                     return None
                 cols = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
@@ -617,7 +699,7 @@ def _kernel(
                     p = p_smem.at[wg]
                 after = (lambda: wait_next_k(j)) if config.early_k_wait else (lambda: None)
                 acc = accumulate_pv(acc, p, slot, after)
-                plgpu.barrier_arrive(v_free.at[slot])
+                release_slot(v_free, slot)
                 return acc, m_i, l_i
 
             # intra_overlap: FA3's intra-warpgroup pipelining (Shah et al., 2024, Sec. 3.2).
@@ -694,7 +776,7 @@ def _kernel(
                         plgpu.ACC((block_q, head_dim), jnp.float32),
                     )
                     acc, p = acc + pv, None
-                plgpu.barrier_arrive(v_free.at[prev])
+                release_slot(v_free, prev)
                 return acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), m_i, l_i, p
 
             def last_pv(acc, p, j):
@@ -702,7 +784,7 @@ def _kernel(
                 plgpu.barrier_wait(v_ready.at[slot])
                 pingpong.my_turn()
                 acc = accumulate_pv(acc, p if config.p_in_registers else p_buffer(j), slot)
-                plgpu.barrier_arrive(v_free.at[slot])
+                release_slot(v_free, slot)
                 return acc
 
             def overlapped(carry):
@@ -858,7 +940,11 @@ def forward(
     if interpret is True:
         interpret = plgpu.InterpretGPUParams()
     if interpret is not False:  # the interpreter's wgmma reads A from shared memory only
-        config = dataclasses.replace(config, p_in_registers=False, q_register_cols=0)
+        # (nor does it run inline PTX: the turns take the mbarrier there; they order work,
+        # not data, so the numbers are the same)
+        config = dataclasses.replace(
+            config, p_in_registers=False, q_register_cols=0, named_turns=False, named_releases=False
+        )
     hp = padded_head_dim(H)
     if config.q_register_cols > hp:
         raise ValueError(
