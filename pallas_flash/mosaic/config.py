@@ -265,7 +265,7 @@ class MosaicConfig:
       barriers (`bar.arrive` / `bar.sync`, forward.PingPong) rather than a shared-memory
       mbarrier that both consumers meet at twice a step (each of whose arrivals is 128
       threads' atomics on shared memory). tokamax's forward hands its turns over so, and
-      at head dim 256 runs 1.10x ours with our tiles (README, "Wider key tiles");
+      at head dim 256 runs 1.10-1.11x ours with our tiles (README, "Wider key tiles");
       lowered for sm_90, its step and ours otherwise hold the same arithmetic. Compiled
       only: GPU interpret mode runs no inline PTX, and there it is off. Not with
       intra_overlap. Not yet timed, so off.
