@@ -15,8 +15,9 @@ and schedule: the SASS (`benchmarks.ptxas --sass`, on the GPU) says what is left
 
 `--peers` lowers the forward of JAX's Mosaic FA3 and (where the peer wheels import)
 tokamax's Mosaic forward with our default row's tiles, non-causal, and prints each
-kernel's step loops by operation where they differ from ours (`peer_step_ops`): what
-their steps do that ours does not, before the GPU says what it costs.
+kernel's step by operation beside ours, a star where the counts differ
+(`peer_step_ops`): what their steps do that ours does not, before the GPU says what it
+costs.
 
 `--live-ins` prints instead, for each kernel's steps (innermost loops of at least
 STEP_OPS operations), the values a step reads that are computed outside it, constants
@@ -302,10 +303,10 @@ def main(argv=None) -> int:
         names = list(steps)
         print(f"forward step at head dim {args.head_dim}, operations:")
         print("  " + " | ".join(f"{n}: {sum(steps[n].values())}" for n in names))
-        for op in sorted(set().union(*steps.values())):
+        for op in sorted(set().union(*steps.values())):  # a star where the counts differ
             counts = [steps[n][op] for n in names]
-            if len(set(counts)) > 1:
-                print(f"  {op}: " + " | ".join(map(str, counts)))
+            star = " *" if len(set(counts)) > 1 else ""
+            print(f"  {op}: " + " | ".join(map(str, counts)) + star)
         return 0
     causal = args.causal == "true"
     spec = masks.MaskSpec(causal=causal)

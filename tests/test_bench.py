@@ -658,7 +658,7 @@ def test_lowered_ops_counts_the_mask_formulations(capsys):
 def test_lowered_ops_sets_our_forward_step_beside_a_peers(capsys):
     """--peers: JAX's Mosaic FA3 lowers on CPU (its CUDA version check stood in for) with
     our row's tiles, and its step waits on as many mbarriers as ours (K, V and two for
-    the ping-pong); the CLI prints the operations whose counts differ."""
+    the ping-pong); the CLI prints each operation's counts, starred where they differ."""
     from benchmarks import lowered_ops
 
     steps = lowered_ops.peer_step_ops(64, 1024)
@@ -668,6 +668,7 @@ def test_lowered_ops_sets_our_forward_step_beside_a_peers(capsys):
     assert lowered_ops.main(["--peers", "--head-dim", "64", "--seq", "1024"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("forward step at head dim 64") and "jax:mosaic_fa3: " in out
+    assert "  nvvm.mbarrier.try_wait.parity: 4 | 4\n" in out  # equal: no star
 
 
 @pytest.mark.extended
