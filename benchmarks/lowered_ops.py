@@ -131,6 +131,22 @@ def op_counts(module_bytes: bytes) -> collections.Counter:
         return collections.Counter(op.name for op in _walk(_parse(module_bytes, ctx).operation))
 
 
+def _steps(module):
+    """(loop, its operations) for each step of a parsed kernel module: its innermost
+    loops of at least STEP_OPS operations."""
+    for loop in _walk(module.operation):
+        if loop.name in _LOOPS:
+            body = list(_walk(loop))
+            if len(body) >= STEP_OPS and not any(op.name in _LOOPS for op in body):
+                yield loop, body
+
+
+def module_text(module_bytes: bytes) -> str:
+    """One kernel module as MLIR text (its inline PTX strings among it)."""
+    with _context() as ctx:
+        return str(_parse(module_bytes, ctx))
+
+
 def step_live_ins(module_bytes: bytes) -> list[collections.Counter]:
     """For each step of one kernel module (an innermost loop of at least STEP_OPS
     operations), after MLIR's CSE and loop-invariant code motion (duplicates merged, as
@@ -144,12 +160,7 @@ def step_live_ins(module_bytes: bytes) -> list[collections.Counter]:
         )
         pm.run(module.operation)
         out = []
-        for loop in _walk(module.operation):
-            if loop.name not in _LOOPS:
-                continue
-            body = list(_walk(loop))
-            if len(body) < STEP_OPS or any(op.name in _LOOPS for op in body):
-                continue
+        for loop, body in _steps(module):
             inside = {loop, *body}
             types, memo = {}, {}
             for op in body:
@@ -196,17 +207,11 @@ def backward_modules(config: MosaicBwdConfig, spec: masks.MaskSpec, head_dim: in
     return _modules(f, q, q, q, q, lse, q, lens, lens)
 
 
-def step_ops(module_bytes: bytes, least: int = 300) -> list[collections.Counter]:
-    """Operations by name in each step of one kernel module: its innermost loops of at
-    least `least` operations (a forward step is 3,000-4,000 at head dims 128-256)."""
+def step_ops(module_bytes: bytes) -> list[collections.Counter]:
+    """Operations by name in each step of one kernel module (`_steps`)."""
     with _context() as ctx:
-        out = []
-        for loop in _walk(_parse(module_bytes, ctx).operation):
-            if loop.name in _LOOPS:
-                body = [op.name for op in _walk(loop)]
-                if len(body) >= least and not any(name in _LOOPS for name in body):
-                    out.append(collections.Counter(body))
-        return out
+        module = _parse(module_bytes, ctx)
+        return [collections.Counter(op.name for op in body) for _, body in _steps(module)]
 
 
 @contextlib.contextmanager

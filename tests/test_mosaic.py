@@ -572,8 +572,7 @@ def test_named_barriers_lower_for_hopper(head_dim, causal, persistent):
         steps = lowered_ops.step_ops(module)
         assert steps
         waits[turns, releases] = {step["nvvm.mbarrier.try_wait.parity"] for step in steps}
-        with lowered_ops._context() as ctx:
-            text = str(lowered_ops._parse(module, ctx))
+        text = lowered_ops.module_text(module)
         assert ("bar.arrive $0, 256;" in text and "bar.sync $0, 256;" in text) is turns
         assert ("bar.arrive $0, 384;" in text and "bar.sync $0, 384;" in text) is releases
     assert waits == {(False, False): {4}, (True, False): {2}, (False, True): {4}, (True, True): {2}}

@@ -164,8 +164,16 @@ SOLO_CONSUMER_REGISTERS = 256
 # The fused backward adds a fourth warpgroup (dq_adds.writer): the producer and it
 # keep 24 each, 2 * 128 * 24 + 256 * 232 = 65536.
 FUSED_SIDE_REGISTERS = 24
-# Stages whose slot releases fit on the hardware named barriers left (named_releases).
-MAX_NAMED_STAGES = 3
+WARPGROUP_THREADS = 128
+# Hardware named barriers (bar.arrive / bar.sync), 16 a CTA, of the forward's
+# named_turns and named_releases. Mosaic GPU takes barrier 0 (a CTA-wide sync) and 1 + w
+# for warpgroup w's own syncs. NAMED_TURNS + w is consumer w's turn; from NAMED_FREE, K
+# slot s is NAMED_FREE + s and V slot s NAMED_FREE + stages + s, so the barriers left
+# hold MAX_NAMED_STAGES stages.
+NAMED_BARRIERS = 16
+NAMED_TURNS = 8
+NAMED_FREE = NAMED_TURNS + NUM_CONSUMERS
+MAX_NAMED_STAGES = (NAMED_BARRIERS - NAMED_FREE) // 2
 SWIZZLE = 128  # bytes: the widest shared-memory swizzle, for conflict-free wgmma reads
 # What Mosaic GPU adds: scratch for cross-warp reductions (CompilerParams'
 # reduction_scratch_bytes) and alignment (the estimate below is then within 1 KiB

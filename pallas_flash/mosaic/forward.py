@@ -62,10 +62,13 @@ from pallas_flash import masks
 from pallas_flash.logits import LN2, LOG2E, Logits
 from pallas_flash.mosaic.config import (
     CONSUMER_REGISTERS,
+    NAMED_FREE,
+    NAMED_TURNS,
     NUM_CONSUMERS,
     PRODUCER_REGISTERS,
     SMEM_BYTES,
     SWIZZLE,
+    WARPGROUP_THREADS,
     MosaicConfig,
     padded_head_dim,
 )
@@ -306,28 +309,23 @@ class PingPong:
         elif self.turns is not None:
             plgpu.barrier_wait(self.turns)
 
-    def start(self):  # before the first step
-        self._on(1, self.my_turn)
+    def start(self):  # before the first step: consumer 1's first turn
+        self._on(1, self.my_turn if self.named else self.meet)
 
-    def end(self):  # after the last
-        self._on(0, lambda: named_barrier("sync", NAMED_TURNS + 1, 2 * WARPGROUP_THREADS))
+    def end(self):  # after the last: consumer 0 waits out consumer 1's last turn
+        if self.named:
+            self._on(0, lambda: named_barrier("sync", NAMED_TURNS + 1, 2 * WARPGROUP_THREADS))
+        else:
+            self._on(0, self.meet)
 
-    def _on(self, wg: int, fn):  # fn (named), or meet, if this is consumer `wg`
+    def _on(self, wg: int, fn):  # fn() if this is consumer `wg`
         if self.turns is None:
             return
-        fn = fn if self.named else self.meet
         if isinstance(self.wg, int):
             if self.wg == wg:
                 fn()
         else:
             pl.when(self.wg == wg)(fn)
-
-
-# Hardware named barriers of the forward's ping-pong (named_turns): NAMED_TURNS + w is
-# consumer w's turn. Mosaic GPU takes barrier 0 (a CTA-wide sync) and 1 + w for
-# warpgroup w's own syncs; 16 exist per CTA.
-NAMED_TURNS = 8
-WARPGROUP_THREADS = 128
 
 
 def named_barrier(op: str, barrier, threads: int) -> None:
@@ -342,11 +340,6 @@ def named_barrier(op: str, barrier, threads: int) -> None:
         )
 
     emit(jnp.asarray(barrier, jnp.int32))
-
-
-# Hardware named barriers of the forward's slot releases (named_releases): K slot s is
-# NAMED_FREE + s, V slot s NAMED_FREE + stages + s (MosaicConfig allows 3 stages).
-NAMED_FREE = NAMED_TURNS + 2
 
 
 @dataclasses.dataclass(frozen=True)
