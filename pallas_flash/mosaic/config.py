@@ -276,7 +276,8 @@ class MosaicConfig:
       at head dim 256 runs 1.10-1.11x ours with our tiles (README, "Wider key tiles");
       lowered for sm_90, its step and ours otherwise hold the same arithmetic. Compiled
       only: GPU interpret mode runs no inline PTX, and there it is off. Not with
-      intra_overlap. Not yet timed, so off.
+      intra_overlap. Off in the field, on in the default rows (NAMED_TURNS_DEFAULT,
+      with its evidence).
     named_releases: the consumers release each K and V slot with `bar.arrive` on a
       hardware named barrier and the producer waits with `bar.sync` (forward.NamedSlots),
       rather than 128 threads of each consumer arriving on a shared-memory mbarrier that
@@ -642,6 +643,16 @@ def padded_head_dim(head_dim: int) -> int:
 # default's earlier compiled tests stand for it.
 Q_REGISTER_COLS = 64
 
+# The default rows hand the ping-pong's turns over on hardware named barriers
+# (MosaicConfig.named_turns). Beside the mbarrier hand-over in one process at dc687cf
+# (results/mosaic-dc687cf/; bf16, B x T = 16k, forward TFLOP/s): head dim 128 non-causal
+# 541.8 / 512.8 and 599.7 / 591.5 at 2k / 8k (1.06x / 1.01x), causal 445.1 / 446.8 and
+# 557.9 / 554.7 (1.00x / 1.01x); head dim 64 non-causal 440.5 / 427.1 and 468.2 / 465.2
+# (1.03x / 1.01x). Compiled, it gives the mbarrier hand-over's bits on all 30 rows of the
+# case table, alone and with named_releases (mosaic-tests-named-turns.log,
+# mosaic-tests.log there), so the default's earlier compiled tests stand for it.
+NAMED_TURNS_DEFAULT = True
+
 # Key lengths up to which the head-dim-64 default is persistent (measured at 1k and 2k).
 PERSISTENT_MAX_KEYS = 2048
 # Key lengths up to which the head-dim-192/256 default is persistent when not causal
@@ -670,6 +681,7 @@ def default_mosaic_config(
             early_k_wait=True,
             persistent=short,
             q_register_cols=Q_REGISTER_COLS,
+            named_turns=NAMED_TURNS_DEFAULT,
         )
     if hp <= 128:
         # Persistent when not causal: 1.06x / 1.06x / 1.00x / 1.01x at 1k / 2k / 8k /
@@ -681,6 +693,7 @@ def default_mosaic_config(
             early_k_wait=True,
             persistent=causal is False,
             q_register_cols=Q_REGISTER_COLS,
+            named_turns=NAMED_TURNS_DEFAULT,
         )
     # Persistent when not causal up to 8192 keys: 1.01-1.05x at 1k-8k (docstring).
     short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS_256
@@ -692,6 +705,7 @@ def default_mosaic_config(
         early_k_wait=True,
         persistent=persistent,
         q_register_cols=Q_REGISTER_COLS,
+        named_turns=NAMED_TURNS_DEFAULT,
     )
 
 
