@@ -458,6 +458,8 @@ _MOSAIC_FLAGS = (
     ("persistent", "persistent"),
     ("one_way_turns", "one-way"),
     ("row_bound_mask", "row-mask"),
+    ("named_turns", "named-turns"),
+    ("named_releases", "named-releases"),
 )
 
 # The Mosaic backward's flags and their labels (all off in MosaicBwdConfig()).
@@ -480,9 +482,10 @@ def config_label(c: dict) -> str:
     """A config in a cell. Triton: "128x64 w8 s3", or "dkv 64x64 dq 64x64 w4 s2".
     Mosaic: "64x128 s2" (block_q per warpgroup x block_kv, stages; "no-pingpong",
     "p-smem", "rescale-early", "k-wait-early", "overlap", "persistent", "one-way",
-    "row-mask" where set), or "dkv 2x64 q64 s2 dq 2x64 kv64 s2" (warpgroups x their
-    tile, the streamed tile, stages; "split" where dV and dK split the warpgroups;
-    "ops-smem", "fused", "fa3-order", "row-mask", "step-desc", "query-rows" where set)."""
+    "row-mask", "named-turns", "named-releases" where set), or
+    "dkv 2x64 q64 s2 dq 2x64 kv64 s2" (warpgroups x their tile, the streamed tile,
+    stages; "split" where dV and dK split the warpgroups; "ops-smem", "fused",
+    "fa3-order", "row-mask", "step-desc", "query-rows" where set)."""
     if "schedule_barrier" in c:
         flags = ("" if c["schedule_barrier"] else " no-pingpong") + (
             "" if c.get("p_in_registers", True) else " p-smem"

@@ -123,11 +123,18 @@ def bwd_candidates() -> list[configs.TritonBwdConfig]:
 
 def mosaic_fwd_candidates() -> list[configs.MosaicConfig]:
     """The forward's space, less the combinations the config rejects (intra_overlap with
-    rescale_before_turn or early_k_wait)."""
+    rescale_before_turn or early_k_wait). As every default row, the ping-pong's turns on
+    named barriers wherever there is a ping-pong (NAMED_TURNS_DEFAULT)."""
     out = []
     for c in itertools.product(*MOSAIC_FWD_SPACE.values()):
+        fields = dict(zip(MOSAIC_FWD_SPACE, c))
+        pingpong = fields["schedule_barrier"] and not fields["intra_overlap"]
         try:
-            out.append(configs.MosaicConfig(**dict(zip(MOSAIC_FWD_SPACE, c))))
+            out.append(
+                configs.MosaicConfig(
+                    **fields, named_turns=pingpong and mosaic_config.NAMED_TURNS_DEFAULT
+                )
+            )
         except ValueError:
             continue
     return out

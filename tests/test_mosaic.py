@@ -115,10 +115,14 @@ def _references(case: Case, seed: int = 0):
 
 
 def _overlapped(config: MosaicConfig) -> MosaicConfig:
-    """config with intra_overlap, a schedule of its own: without the early K wait or the
-    early rescale that the default may have."""
+    """config with intra_overlap, a schedule of its own: without the early K wait, the
+    early rescale or the named-barrier turns that the default may have."""
     return dataclasses.replace(
-        config, intra_overlap=True, early_k_wait=False, rescale_before_turn=False
+        config,
+        intra_overlap=True,
+        early_k_wait=False,
+        rescale_before_turn=False,
+        named_turns=False,
     )
 
 
@@ -537,6 +541,7 @@ def test_compiled_kernel_lowers_for_hopper(
         persistent=persistent,
         q_register_cols=abs(q_cols),
         kv_multicast=q_cols < 0,
+        named_turns=not overlap,  # the default's, where the schedule has turns to hand over
     )
 
     def f(q, k, v, q_len, kv_len):

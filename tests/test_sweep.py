@@ -259,6 +259,8 @@ def test_mosaic_forward_label_names_its_schedule_flags():
     assert render.config_label(flags) == "64x128 s2 rescale-early k-wait-early"
     overlap = dict(default, intra_overlap=True, schedule_barrier=False)
     assert render.config_label(overlap) == "64x128 s2 no-pingpong overlap"
+    named = dict(default, named_turns=True, named_releases=True)
+    assert render.config_label(named) == "64x128 s2 named-turns named-releases"
     old_row = {k: v for k, v in default.items() if k != "early_k_wait"}  # before the flag
     assert render.config_label(old_row) == "64x128 s2"
 

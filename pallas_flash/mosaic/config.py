@@ -313,7 +313,8 @@ class MosaicConfig:
         if self.named_turns and (self.intra_overlap or not self.schedule_barrier):
             raise ValueError(
                 "named_turns hands the ping-pong's turns over: it needs schedule_barrier "
-                "and not intra_overlap"
+                "and not intra_overlap (the default rows set it: pass named_turns=False "
+                "with those)"
             )
         if self.q_register_cols % 64 or self.q_register_cols < 0:
             raise ValueError(f"{self.q_register_cols=} must be a multiple of 64 (0: none)")
