@@ -284,7 +284,10 @@ class MosaicConfig:
       the producer polls: tokamax's other synchronisation (README, "Wider key tiles").
       Compiled only, as named_turns. Not with kv_multicast (cluster barriers) or
       intra_overlap; at most MAX_NAMED_STAGES stages (16 barriers a CTA: 2 for the turns,
-      2 per stage here, and Mosaic GPU's own). Not yet timed, so off.
+      2 per stage here, and Mosaic GPU's own). Compiled, the default's bits on all 30 rows of
+      the case table; timed beside the default (bf16, B x T = 16k, forward, 2k / 8k;
+      results/mosaic-{dc687cf,5aa4c1c}/) 0.99x / 0.99x on top of named_turns at head dim
+      128, 0.96x / 0.98x at 256 non-causal and 0.92x / 0.98x causal. Off.
     """
 
     block_q: int = 64
@@ -649,9 +652,12 @@ Q_REGISTER_COLS = 64
 # (results/mosaic-dc687cf/; bf16, B x T = 16k, forward TFLOP/s): head dim 128 non-causal
 # 541.8 / 512.8 and 599.7 / 591.5 at 2k / 8k (1.06x / 1.01x), causal 445.1 / 446.8 and
 # 557.9 / 554.7 (1.00x / 1.01x); head dim 64 non-causal 440.5 / 427.1 and 468.2 / 465.2
-# (1.03x / 1.01x). Compiled, it gives the mbarrier hand-over's bits on all 30 rows of the
-# case table, alone and with named_releases (mosaic-tests-named-turns.log,
-# mosaic-tests.log there), so the default's earlier compiled tests stand for it.
+# (1.03x / 1.01x); head dim 256 at 5aa4c1c (results/mosaic-5aa4c1c/, this as the default
+# beside named_turns=False) 582.4 / 565.1 and 641.0 / 636.1 non-causal (1.03x / 1.01x),
+# 512.1 / 483.6 and 584.3 / 581.5 causal (1.06x / 1.00x). Compiled, it gives the mbarrier
+# hand-over's bits on all 30 rows of the case table, alone and with named_releases
+# (results/mosaic-dc687cf/mosaic-tests-named-turns.log, mosaic-tests.log), so the
+# default's earlier compiled tests stand for it.
 NAMED_TURNS_DEFAULT = True
 
 # Key lengths up to which the head-dim-64 default is persistent (measured at 1k and 2k).
