@@ -460,6 +460,8 @@ _MOSAIC_FLAGS = (
     ("row_bound_mask", "row-mask"),
     ("named_turns", "named-turns"),
     ("named_releases", "named-releases"),
+    ("o_from_registers", "o-regs"),
+    ("early_q_load", "q-early"),
 )
 
 # The Mosaic backward's flags and their labels (all off in MosaicBwdConfig()).
@@ -482,7 +484,7 @@ def config_label(c: dict) -> str:
     """A config in a cell. Triton: "128x64 w8 s3", or "dkv 64x64 dq 64x64 w4 s2".
     Mosaic: "64x128 s2" (block_q per warpgroup x block_kv, stages; "no-pingpong",
     "p-smem", "rescale-early", "k-wait-early", "overlap", "persistent", "one-way",
-    "row-mask", "named-turns", "named-releases" where set), or
+    "row-mask", "named-turns", "named-releases", "o-regs", "q-early" where set), or
     "dkv 2x64 q64 s2 dq 2x64 kv64 s2" (warpgroups x their tile, the streamed tile,
     stages; "split" where dV and dK split the warpgroups; "ops-smem", "fused",
     "fa3-order", "row-mask", "step-desc", "query-rows" where set)."""

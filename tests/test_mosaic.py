@@ -264,6 +264,8 @@ def test_interpret_never_reads_skipped_tiles():
         pytest.param("overlap", marks=pytest.mark.extended),
         "persistent",
         "persistent-h256",
+        pytest.param("early-q", marks=pytest.mark.extended),
+        "early-q-h256",
         pytest.param("multicast", marks=pytest.mark.extended),
     ],
 )
@@ -274,7 +276,9 @@ def test_interpret_finds_no_data_race(schedule):
     persistent, a CTA's next Q loads while its last O and logsumexp are stored (at head
     dim 256, into the buffer O has just left), and the ring runs on from one work item
     to the next (4 items on 3 CTAs); with kv_multicast, each CTA's producer writes its half
-    of a tile into both CTAs' slots once all four consumers of the cluster release them."""
+    of a tile into both CTAs' slots once all four consumers of the cluster release them;
+    with early_q_load (persistent, O from registers), the next Q loads while this item's
+    last softmax and P V run and its logsumexp is stored."""
     from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks  # no public accessor
 
     params = plgpu.InterpretGPUParams(detect_races=True)
@@ -284,6 +288,7 @@ def test_interpret_finds_no_data_race(schedule):
         "overlap": {"intra_overlap": True},
         "persistent": {"persistent": True},
         "multicast": {"kv_multicast": True},
+        "early": {"persistent": True, "early_q_load": True, "o_from_registers": True},
     }
     config = MosaicConfig(
         block_q=64, block_kv=64, num_stages=2, **flags.get(schedule.split("-")[0], {})
@@ -430,6 +435,36 @@ def test_interpret_kv_multicast_changes_no_bit(case):
     _changed_no_bit(case, SMALL, multicast, interpret=True, seed=3)
 
 
+@pytest.mark.extended
+@pytest.mark.parametrize("flags", ["o_from_registers", "early_q_load", "both"])
+@pytest.mark.parametrize("case", PERSISTENT_CASES, ids=lambda c: c.id)
+def test_interpret_early_q_load_changes_no_bit(case, flags):
+    """O stored from registers, and the next item's Q loaded after this item's last Q
+    K^T (persistent: items with no key tile, where the epilogue loads it, among them),
+    move stores and loads, not arithmetic: the persistent grid's bits, and the
+    reference. At head dim 256 O has no buffer of its own, so early_q_load goes with
+    o_from_registers there."""
+    persistent = dataclasses.replace(SMALL, persistent=True)
+    both = flags == "both" or (flags == "early_q_load" and case.head_dim > 128)
+    changed = dataclasses.replace(
+        persistent,
+        o_from_registers=both or flags == "o_from_registers",
+        early_q_load=both or flags == "early_q_load",
+    )
+    _changed_no_bit(case, persistent, changed, interpret=True, seed=4)
+
+
+def test_early_q_load_needs_o_out_of_q_buffer():
+    """At head dim 256 O leaves through Q's buffer (it has none of its own): loading the
+    next Q early would overwrite it, so the call says what to set."""
+    case = Case(1, 130, 100, 2, 1, 256, BF16)
+    config = MosaicConfig(block_q=64, block_kv=64, persistent=True, early_q_load=True)
+    with pytest.raises(
+        ValueError, match="early_q_load needs O out of Q's buffer.*o_from_registers"
+    ):
+        _mosaic(case, config, interpret=False, seed=0)
+
+
 @pytest.mark.parametrize("snake", [False, True])
 def test_persistent_items_cover_every_item_once(snake):
     """Whatever the rounds (whole or partial, even or odd last), the CTAs' items are each
@@ -467,6 +502,8 @@ def test_config_validation():
             MosaicConfig(named_releases=True, **flags)
     with pytest.raises(ValueError, match="kv_multicast .* not with persistent"):
         MosaicConfig(kv_multicast=True, persistent=True)
+    with pytest.raises(ValueError, match="early_q_load .* needs persistent"):
+        MosaicConfig(early_q_load=True)
     q = jnp.ones((1, 8, 1, 256), BF16)
     lens = jnp.full((1,), 8, jnp.int32)
     too_big = MosaicConfig(block_kv=256, num_stages=2)
@@ -581,6 +618,38 @@ def test_named_barriers_lower_for_hopper(head_dim, causal, persistent):
         assert ("bar.arrive $0, 256;" in text and "bar.sync $0, 256;" in text) is turns
         assert ("bar.arrive $0, 384;" in text and "bar.sync $0, 384;" in text) is releases
     assert waits == {(False, False): {4}, (True, False): {2}, (False, True): {4}, (True, True): {2}}
+
+
+@pytest.mark.parametrize(
+    "head_dim", [pytest.param(128, marks=pytest.mark.extended), 256], ids=["h128", "h256"]
+)
+def test_early_q_load_lowers_for_hopper(head_dim):
+    """o_from_registers and early_q_load lowered for sm_90 on the persistent default row:
+    O leaves by global stores, no TMA store (only the logsumexp's bulk store is left to
+    commit), and the next Q's TMA load is issued in each of the tile loops' steps (three
+    loops: masked, full, masked) as well as at the start and, for items with no key
+    tile, in the epilogue."""
+    from benchmarks import lowered_ops
+
+    spec = masks.MaskSpec()
+    row = dataclasses.replace(default_mosaic_config(head_dim, 1024, False), persistent=True)
+    counts = {}
+    for flags in ({}, {"o_from_registers": True}, {"o_from_registers": True, "early_q_load": True}):
+        (module,) = lowered_ops.forward_modules(
+            dataclasses.replace(row, **flags), spec, head_dim, 1024
+        )
+        text = lowered_ops.module_text(module)
+        counts[tuple(flags)] = tuple(
+            text.count(op)
+            for op in (
+                "nvvm.cp.async.bulk.tensor.global.shared.cta",  # TMA stores
+                "nvvm.cp.async.bulk.commit.group",
+                "nvvm.cp.async.bulk.tensor.shared.cluster.global",  # TMA loads
+            )
+        )
+    plain, registers, early = counts.values()
+    assert plain[:2] == (1, 2) and registers[:2] == (0, 1) and early[:2] == (0, 1)
+    assert registers[2] == plain[2] and early[2] == plain[2] + 3
 
 
 @pytest.mark.parametrize("schedule", ["", "overlap", "persistent", "row-mask-window"])
@@ -800,6 +869,19 @@ def test_gpu_named_barriers_change_no_bit(case, flags):
         named_releases=both or flags == "named_releases",
     )
     _changed_no_bit(case, default, named, interpret=False, seed=seed_of(case))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("flags", ["o_from_registers", "both"])
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_early_q_load_changes_no_bit(case, flags):
+    """o_from_registers and early_q_load compiled, on the call's default row made
+    persistent: they move O's stores and Q's loads, not arithmetic, so the bits are the
+    persistent row's, and the reference passes."""
+    row = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
+    persistent = dataclasses.replace(row, persistent=True)
+    changed = dataclasses.replace(persistent, o_from_registers=True, early_q_load=flags == "both")
+    _changed_no_bit(case, persistent, changed, interpret=False, seed=seed_of(case))
 
 
 @pytest.mark.gpu

@@ -261,6 +261,8 @@ def test_mosaic_forward_label_names_its_schedule_flags():
     assert render.config_label(overlap) == "64x128 s2 no-pingpong overlap"
     named = dict(default, named_turns=True, named_releases=True)
     assert render.config_label(named) == "64x128 s2 named-turns named-releases"
+    early = dict(default, persistent=True, o_from_registers=True, early_q_load=True)
+    assert render.config_label(early) == "64x128 s2 persistent o-regs q-early"
     old_row = {k: v for k, v in default.items() if k != "early_k_wait"}  # before the flag
     assert render.config_label(old_row) == "64x128 s2"
 

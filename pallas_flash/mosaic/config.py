@@ -288,6 +288,22 @@ class MosaicConfig:
       the case table; timed beside the default (bf16, B x T = 16k, forward, 2k / 8k;
       results/mosaic-{dc687cf,5aa4c1c}/) 0.99x / 0.99x on top of named_turns at head dim
       128, 0.96x / 0.98x at 256 non-causal and 0.92x / 0.98x causal. Off.
+    o_from_registers: each consumer stores its O tile from registers straight to HBM
+      (global stores) rather than staging it in shared memory for a TMA store, so that O
+      needs no shared memory: at head dims 192-256, where O has no buffer of its own
+      (`o_buffer`) and leaves through Q's, the next item's Q then need not wait for O's
+      read-out. O is written once per item, 64 x head dim values a warpgroup, so the
+      global stores' scattered sectors cost little beside the item's matmuls. Not yet
+      timed, so off.
+    early_q_load: persistent, each consumer loads its next item's Q as soon as this
+      item's last Q K^T has been read (the tile loop's last step) rather than in the
+      epilogue, so that the load's latency hides behind that step's softmax and P V
+      rather than holding the next item's first Q K^T (tokamax's persistent forward,
+      like our rows with an O buffer, loads it after the tile loop, before the
+      epilogue; at head dims 192-256 ours loads it after the epilogue, once O has left
+      Q's buffer). Needs O out of Q's buffer: a buffer of its own
+      (`o_buffer`, head dims up to 128) or o_from_registers. GPU interpret mode runs
+      it. Not yet timed, so off.
     """
 
     block_q: int = 64
@@ -304,6 +320,8 @@ class MosaicConfig:
     kv_multicast: bool = False
     named_turns: bool = False
     named_releases: bool = False
+    o_from_registers: bool = False
+    early_q_load: bool = False
 
     def __post_init__(self):
         if self.named_releases and (
@@ -336,11 +354,16 @@ class MosaicConfig:
             raise ValueError("intra_overlap is a schedule of its own: not with persistent")
         if self.kv_multicast and self.persistent:
             raise ValueError("kv_multicast pairs the grid's CTAs in clusters: not with persistent")
+        if self.early_q_load and not self.persistent:
+            raise ValueError(
+                "early_q_load loads a persistent CTA's next Q early: it needs persistent"
+            )
 
     def o_buffer(self, head_dim: int, itemsize: int = 2) -> bool:
         """Whether O has a shared-memory buffer of its own (persistent, where it fits), so
-        that the next item's Q loads while O is stored; else O leaves through Q's."""
-        if not self.persistent:
+        that the next item's Q loads while O is stored; else O leaves through Q's (or,
+        with o_from_registers, through no shared memory at all)."""
+        if not self.persistent or self.o_from_registers:
             return False
         return self._smem_bytes(head_dim, itemsize, o_buffer=True) <= SMEM_BYTES
 

@@ -671,6 +671,8 @@ def _kernel(
                 if not config.early_k_wait:
                     plgpu.barrier_wait(k_ready.at[slot])
                 s = qk_scores(slot)
+                if config.early_q_load:  # Q is read no more: the next item's may load
+                    pl.when((j == hi - 1) & (i + 1 < count))(lambda: load_q(i + 1))
                 keep = release_k(j, slot, s.shape, masked)
                 p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, c, keep)  # p: [block_q, block_kv]
 
@@ -833,17 +835,26 @@ def _kernel(
                 inv = jnp.where(empty, 0.0, 1.0 / l_safe)
                 lse = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(l_safe)) * LN2)
                 o = (acc * lax.broadcast_in_dim(inv, acc.shape, [0])).astype(dtype)
-                if o_smem is not None:
-                    # Q is read no more: the next item's loads while this one finishes. The
-                    # last item's O and lse stores must have left the buffers first.
-                    pl.when(i + 1 < count)(lambda: load_q(i + 1))
+                o_gmem = o_ref.at[b, pl.ds(q0, block_q), h]
+                if config.persistent and (o_smem is not None or config.o_from_registers):
+                    # Q is read no more: the next item's loads while this one finishes
+                    # (early_q_load: it has, unless this item had no key tile). The last
+                    # item's O and lse stores must have left the buffers first.
+                    more = i + 1 < count
+                    if config.early_q_load:
+                        more = more & (hi <= lo)  # else the last Q K^T's step loaded it
+                    pl.when(more)(lambda: load_q(i + 1))
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                 lse_smem.at[wg][...] = lse
-                out_smem[...] = o
+                if config.o_from_registers:
+                    o_gmem[...] = o  # global stores: no shared memory, no TMA
+                else:
+                    out_smem[...] = o
                 plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(out_smem, o_ref.at[b, pl.ds(q0, block_q), h])
+                if not config.o_from_registers:
+                    plgpu.copy_smem_to_gmem(out_smem, o_gmem)
                 plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(q0, block_q)])
-                if config.persistent and o_smem is None:
+                if config.persistent and o_smem is None and not config.o_from_registers:
                     # O leaves through Q's buffer: the next Q loads once it is read out.
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                     pl.when(i + 1 < count)(lambda: load_q(i + 1))
@@ -942,6 +953,13 @@ def forward(
     if config.q_register_cols > hp:
         raise ValueError(
             f"q_register_cols={config.q_register_cols} exceeds the head dim ({hp} padded)"
+        )
+    if config.early_q_load and not (
+        config.o_from_registers or config.o_buffer(hp, q.dtype.itemsize)
+    ):
+        raise ValueError(
+            f"early_q_load needs O out of Q's buffer, and at head dim {hp} O has no "
+            "shared-memory buffer of its own: set o_from_registers too"
         )
     if config.smem_bytes(hp) > SMEM_BYTES:
         raise ValueError(
