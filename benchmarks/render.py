@@ -471,6 +471,7 @@ _MOSAIC_BWD_FLAGS = (
     ("row_bound_mask", "row-mask"),
     ("step_descriptors", "step-desc"),
     ("query_rows", "query-rows"),
+    ("dq_pingpong", "dq-pingpong"),
 )
 
 
@@ -487,7 +488,7 @@ def config_label(c: dict) -> str:
     "row-mask", "named-turns", "named-releases", "o-regs", "q-early" where set), or
     "dkv 2x64 q64 s2 dq 2x64 kv64 s2" (warpgroups x their tile, the streamed tile,
     stages; "split" where dV and dK split the warpgroups; "ops-smem", "fused",
-    "fa3-order", "row-mask", "step-desc", "query-rows" where set)."""
+    "fa3-order", "row-mask", "step-desc", "query-rows", "dq-pingpong" where set)."""
     if "schedule_barrier" in c:
         flags = ("" if c["schedule_barrier"] else " no-pingpong") + (
             "" if c.get("p_in_registers", True) else " p-smem"

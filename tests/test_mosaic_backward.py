@@ -251,6 +251,27 @@ def test_interpret_dkdv_q_multicast_changes_no_bit(case):
     _flag_changes_no_bit(case, config, "dkdv_q_multicast", True)
 
 
+# The plain dQ kernel at head dims up to 128 (two warpgroups by default): no key, one
+# row, ragged and empty lengths, windows, segment ids.
+DQ_PINGPONG_CASES = [c for c in INTERPRET_CASES if c.head_dim <= 128]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, marks=() if i == 2 else pytest.mark.extended)
+        for i, c in enumerate(DQ_PINGPONG_CASES)
+    ],
+    ids=lambda c: c.id,
+)
+def test_interpret_dq_pingpong_changes_no_bit(case):
+    """`dq_pingpong` (the dQ kernel's warpgroups taking turns, in the mbarrier form GPU
+    interpret mode runs) orders the products, not their arithmetic: the same bits, and
+    the reference's tolerance. Both warpgroups walk the CTA's key tiles, none among them
+    (rows past the lengths) included, so neither waits for a turn that never comes."""
+    _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "dq_pingpong", True)
+
+
 # The dQ kernel's two warpgroups on one query tile (split_dq): head dims 128 and 256,
 # causal with a key length, GQA, segment ids under causal masking, and seven key tiles
 # (unmasked ones, then a ragged last one) through the two-slot ring.
@@ -316,8 +337,9 @@ def test_interpret_takes_the_mosaic_forward_residuals():
         (True, True, False),
         # multicast (both kernels; off by default): extended
         pytest.param(False, False, True, marks=pytest.mark.extended),
+        (False, False, "dq_pingpong"),
     ],
-    ids=["split", "share-probs-split-dq", "split-dq-kv-multicast"],
+    ids=["split", "share-probs-split-dq", "split-dq-kv-multicast", "split-dq-pingpong"],
 )
 def test_interpret_finds_no_data_race(share_probs, split_dq, multicast):
     """The interpreter's happens-before race detector over the shared buffers (the
@@ -325,17 +347,20 @@ def test_interpret_finds_no_data_race(share_probs, split_dq, multicast):
     handed between the split's warpgroups, split_dq's P and dS tiles and the outputs
     staged through shared memory; its wgmma operand reads are not instrumented), and the
     dQ kernel's K/V ring and the dK/dV kernel's Q/dO ring, each written by both CTAs of a
-    cluster (dq_kv_multicast, dkdv_q_multicast)."""
+    cluster (dq_kv_multicast, dkdv_q_multicast); with dq_pingpong (`multicast` names
+    it there), the dQ kernel's warpgroups taking turns."""
     from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks  # no public accessor
 
     params = plgpu.InterpretGPUParams(detect_races=True)
     case = Case(1, 130, 70, 1, 1, 128 if split_dq else 64, BF16)
+    pingpong = multicast == "dq_pingpong"
     config = MosaicBwdConfig(
         split_dkv=True,
         share_probs=share_probs,
         split_dq=split_dq,
-        dq_kv_multicast=multicast,
-        dkdv_q_multicast=multicast,
+        dq_kv_multicast=multicast is True,
+        dkdv_q_multicast=multicast is True,
+        dq_pingpong=pingpong,
     )
     _compare(case, config, interpret=params, with_dlse=False)
     assert not gpu_callbacks.get_races().races_found
@@ -428,6 +453,9 @@ def test_config_validation():
         MosaicBwdConfig(dq_kv_multicast=True, fused=True)
     with pytest.raises(ValueError, match="solo_dq_registers .* consumers_dq=1 \\(not 2\\)"):
         MosaicBwdConfig(solo_dq_registers=True)
+    for flags in (dict(consumers_dq=1), dict(split_dq=True), dict(fused=True)):
+        with pytest.raises(ValueError, match="dq_pingpong .* needs consumers_dq=2"):
+            MosaicBwdConfig(dq_pingpong=True, **flags)
     q = jnp.ones((1, 8, 1, 256), BF16)
     lse = jnp.zeros((1, 1, 8), jnp.float32)
     lens = jnp.full((1,), 8, jnp.int32)
@@ -743,6 +771,20 @@ def test_row_bound_mask_lowers_for_hopper(spec, fused):
         assert name in text
 
 
+@pytest.mark.parametrize("head_dim", [64, pytest.param(128, marks=pytest.mark.extended)])
+def test_dq_pingpong_lowers_for_hopper(head_dim):
+    """dq_pingpong lowered for sm_90: the dQ kernel's turns are `bar.arrive` / `bar.sync`
+    of its two warpgroups (256 threads) on hardware named barriers; the dK/dV kernel has
+    none."""
+    from benchmarks import lowered_ops
+
+    config = dataclasses.replace(default_mosaic_bwd_config(head_dim), dq_pingpong=True)
+    dkdv, dq = lowered_ops.backward_modules(config, masks.MaskSpec(causal=True), head_dim, 1024)
+    text = lowered_ops.module_text(dq)
+    assert "bar.arrive $0, 256;" in text and "bar.sync $0, 256;" in text
+    assert "bar.sync $0, 256;" not in lowered_ops.module_text(dkdv)
+
+
 FUSED_LOWERINGS = {
     "h128-regs": (128, FUSED, False),
     "h128-regs-segments": (128, FUSED, True),
@@ -919,6 +961,16 @@ def test_gpu_dq_key_tiles_change_no_bit(case):
     config = default_mosaic_bwd_config(case.head_dim)
     assert config.block_kv_dq == 128
     _flag_changes_no_bit(case, config, "block_kv_dq", False, values=(128, 64))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "case", [c for c in GPU_CASES if c.head_dim <= 128], ids=lambda c: c.id
+)  # the rows whose default dQ kernel has two warpgroups
+def test_gpu_dq_pingpong_changes_no_bit(case):
+    """dq_pingpong compiled (the turns on hardware named barriers): the default's bits
+    (and the reference's tolerance), no hang."""
+    _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "dq_pingpong", False)
 
 
 @pytest.mark.gpu

@@ -275,6 +275,8 @@ def test_mosaic_backward_label_names_its_flags():
     assert render.config_label(default) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2"
     fused = dict(default, fused=True, fa3_order=True, step_descriptors=True)
     assert render.config_label(fused) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2 fused fa3-order step-desc"
+    pingpong = dict(default, dq_pingpong=True)
+    assert render.config_label(pingpong) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2 dq-pingpong"
     turned = dict(default, fused=True, query_rows=True)
     assert render.config_label(turned) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2 fused query-rows"
     rows = dict(default, row_bound_mask=True, operands_in_registers=False)

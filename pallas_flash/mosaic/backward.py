@@ -99,6 +99,7 @@ from pallas_flash.mosaic.config import (
 from pallas_flash.mosaic.forward import (
     _COL,
     _ROW,
+    PingPong,
     _pad,
     element_mask,
     intersect_tables,
@@ -139,13 +140,15 @@ def _accumulate(terms, staging):
     return out
 
 
-def _products(pairs, shape):
+def _products(pairs, shape, after_issue=lambda: None):
     """[a @ b for (a, b) in pairs], both shared-memory refs, into fresh float32
-    accumulators of `shape`, issued together and awaited once."""
+    accumulators of `shape`, issued together and awaited once; `after_issue` runs
+    between the two (a ping-pong's hand-over)."""
 
     def mma(*acc_refs):
         for acc_ref, (a, b) in zip(acc_refs, pairs):
             plgpu.wgmma(acc_ref, a, b)
+        after_issue()
         return tuple(acc_ref[...] for acc_ref in acc_refs)
 
     return pl.run_scoped(mma, *(plgpu.ACC(shape, jnp.float32) for _ in pairs))
@@ -599,11 +602,13 @@ def _dq_kernel(
     k_free,
     v_free,
     split_scratch,
+    turns,
     spec: masks.MaskSpec,
     scale: float,
     config: MosaicBwdConfig,
     num_q_tiles: int,
     group: int,
+    named_turns: bool,
 ):
     q_seg_ref, kv_seg_ref, dq_ref = refs if len(refs) == 3 else (None, None, *refs)
     bq, bk, stages = config.block_q_dq, config.block_kv_dq, config.num_stages_dq
@@ -684,6 +689,9 @@ def _dq_kernel(
         diag = masks.offset(spec, q_len, kv_len)
         c = scale * LOG2E
         shape = (bq, bk)
+        # dq_pingpong: a turn is dS K of one tile and S, dP of the next (the forward's
+        # P V and next Q K^T); turns None: every hand-over is a no-op.
+        pingpong = PingPong(turns, wg, named=named_turns)
 
         def body(j, dq, *, masked: bool):
             slot = slot_of(j)
@@ -696,6 +704,7 @@ def _dq_kernel(
                     (do_a, v_tile.transpose((1, 0))),  # dp = do @ v.T: [bq, bk]
                 ],
                 shape,
+                after_issue=pingpong.meet,  # ours are issued: the other may issue its own
             )
             plgpu.barrier_arrive(v_free.at[slot])
             p = _row_probs(
@@ -707,8 +716,10 @@ def _dq_kernel(
                 q_segs=q_segs,
                 k_seg_ref=None if q_segs is None else kv_seg_smem.at[slot],
             )
-            ds = p * (dp - _bcast(delta, shape, 0))  # [bq, bk]
-            (dq,) = _accumulate([(dq, ds.astype(dtype), k_tile)], staging)  # dq += ds @ k
+            ds = (p * (dp - _bcast(delta, shape, 0))).astype(dtype)  # [bq, bk]
+            pingpong.elementwise_done()
+            pingpong.my_turn()  # our turn: dS K, then the next tile's S and dP
+            (dq,) = _accumulate([(dq, ds, k_tile)], staging)  # dq += ds @ k
             plgpu.barrier_arrive(k_free.at[slot])
             return dq
 
@@ -722,9 +733,11 @@ def _dq_kernel(
         if q_seg_ref is not None:
             q_segs = plgpu.load(q_seg_smem.at[wg], layout=_ROW)
         dq = plgpu.layout_cast(jnp.zeros((bq, q_tile.shape[-1]), jnp.float32), plgpu.Layout.WGMMA)
+        pingpong.start()  # consumer 1 takes a turn ahead (both walk the same key tiles)
         dq = lax.fori_loop(lo, full_lo, functools.partial(body, masked=True), dq)
         dq = lax.fori_loop(full_lo, full_hi, functools.partial(body, masked=False), dq)
         dq = lax.fori_loop(full_hi, hi, functools.partial(body, masked=True), dq)
+        pingpong.end()
         q_tile[...] = (dq * scale).astype(dtype)  # dS was of the scaled scores
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(q_tile, dq_ref.at[rows_of])
@@ -1200,6 +1213,8 @@ def backward(
             config=config,
             num_q_tiles=num_q_tiles,
             group=N // K,
+            # GPU interpret mode runs no inline PTX: the mbarrier form there
+            named_turns=config.dq_pingpong and interpret is False,
         ),
         out_type=jax.ShapeDtypeStruct((B, t_pad, N, hp), q.dtype),
         scratch_types=dict(
@@ -1236,6 +1251,7 @@ def backward(
                 if split
                 else None
             ),
+            turns=plgpu.Barrier(num_arrivals=2) if config.dq_pingpong else None,
         ),
         grid=(N, t_pad // range_rows_dq, B),
         grid_names=("heads", "q_tiles", "batch"),

@@ -526,6 +526,14 @@ class MosaicBwdConfig:
       365.4 (1.01x), 2k non-causal at 64 348.0 / 341.7 (1.02x); with solo_dq_registers
       at 256 causal 8k 391.7 / 384.3 (1.02x). Level or worse, so off. Their compiled
       bitwise tests ran on 2 of the 30 case-table rows each (the same bits).
+    dq_pingpong: the dQ kernel's two warpgroups take turns at the tensor cores, as the
+      forward's do (forward.PingPong, on hardware named barriers when compiled): one's
+      S and dP are issued, and its P and dS computed, while the other's dS K and next
+      S and dP run. Without it both wait on the same K and V tiles, so they tend to
+      issue their products together and then both compute elementwise while the tensor
+      cores idle. Needs consumers_dq=2 and the plain dQ kernel (not split_dq, not
+      fused). Checked in GPU interpret mode (the mbarrier form; the same bits, no data
+      race) and lowered for sm_90; not yet compiled or timed, so off.
     """
 
     block_q_dkv: int = 64
@@ -550,6 +558,7 @@ class MosaicBwdConfig:
     solo_dq_registers: bool = False
     dq_kv_multicast: bool = False
     dkdv_q_multicast: bool = False
+    dq_pingpong: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
@@ -590,6 +599,11 @@ class MosaicBwdConfig:
             )
         if self.dq_kv_multicast and self.fused:
             raise ValueError("dq_kv_multicast is the dQ kernel's: not with fused (no dQ kernel)")
+        if self.dq_pingpong and (self.consumers_dq != 2 or self.split_dq or self.fused):
+            raise ValueError(
+                "dq_pingpong takes turns between the plain dQ kernel's two warpgroups: it "
+                f"needs consumers_dq=2 (not {self.consumers_dq}), not split_dq, not fused"
+            )
         if self.fused and self.split_dkv:
             raise ValueError("fused needs split_dkv=False: each consumer owns a key tile")
         if self.query_rows and not self.fused:
