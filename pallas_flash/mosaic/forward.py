@@ -836,7 +836,10 @@ def _kernel(
                 lse = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(l_safe)) * LN2)
                 o = (acc * lax.broadcast_in_dim(inv, acc.shape, [0])).astype(dtype)
                 o_gmem = o_ref.at[b, pl.ds(q0, block_q), h]
-                if config.persistent and (o_smem is not None or config.o_from_registers):
+                # O leaves by its own buffer or from registers, not through Q's: then the
+                # next Q may load before O is stored, else only once O has left Q's buffer.
+                o_apart = o_smem is not None or config.o_from_registers
+                if config.persistent and o_apart:
                     # Q is read no more: the next item's loads while this one finishes
                     # (early_q_load: it has, unless this item had no key tile). The last
                     # item's O and lse stores must have left the buffers first.
@@ -854,7 +857,7 @@ def _kernel(
                 if not config.o_from_registers:
                     plgpu.copy_smem_to_gmem(out_smem, o_gmem)
                 plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(q0, block_q)])
-                if config.persistent and o_smem is None and not config.o_from_registers:
+                if config.persistent and not o_apart:
                     # O leaves through Q's buffer: the next Q loads once it is read out.
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                     pl.when(i + 1 < count)(lambda: load_q(i + 1))
