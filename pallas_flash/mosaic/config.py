@@ -293,8 +293,12 @@ class MosaicConfig:
       needs no shared memory: at head dims 192-256, where O has no buffer of its own
       (`o_buffer`) and leaves through Q's, the next item's Q then need not wait for O's
       read-out. O is written once per item, 64 x head dim values a warpgroup, so the
-      global stores' scattered sectors cost little beside the item's matmuls. Not yet
-      timed, so off.
+      global stores' scattered sectors cost little beside the item's matmuls. Compiled
+      at e17dedb, alone and with early_q_load, the persistent grid's bits and the
+      reference on all 30 rows of the case table (results/mosaic-e17dedb/
+      mosaic-tests-early-dqpp.log). Timed beside the default (bf16, B x T = 16k, head
+      dim 256 non-causal, forward 2k / 8k; fa-mosaic-256-false-early.jsonl): 548.0 /
+      643.8 TFLOP/s against 591.0 / 649.6 (0.93x / 0.99x). Off.
     early_q_load: persistent, each consumer loads its next item's Q as soon as this
       item's last Q K^T has been read (the tile loop's last step) rather than in the
       epilogue, so that the load's latency hides behind that step's softmax and P V
@@ -303,7 +307,10 @@ class MosaicConfig:
       epilogue; at head dims 192-256 ours loads it after the epilogue, once O has left
       Q's buffer). Needs O out of Q's buffer: a buffer of its own
       (`o_buffer`, head dims up to 128) or o_from_registers. GPU interpret mode runs
-      it. Not yet timed, so off.
+      it. Compiled, the same bits (above); with o_from_registers at head dim 256
+      non-causal 518.9 / 607.1 TFLOP/s against the default's 591.0 / 649.6 at 2k / 8k
+      (0.88x / 0.93x), slower than O from registers alone (where the early load costs
+      the loop's last step is not measured). Off.
     """
 
     block_q: int = 64
@@ -533,7 +540,12 @@ class MosaicBwdConfig:
       issue their products together and then both compute elementwise while the tensor
       cores idle. Needs consumers_dq=2 and the plain dQ kernel (not split_dq, not
       fused). Checked in GPU interpret mode (the mbarrier form; the same bits, no data
-      race) and lowered for sm_90; not yet compiled or timed, so off.
+      race) and lowered for sm_90. Compiled at e17dedb, the default's bits on the 16 of
+      its 25 case-table rows that ran before the calls' time ran out (none differed, no
+      hang; results/mosaic-e17dedb/mosaic-tests-*dqpp*.log). Timed beside the default
+      (bf16, B x T = 16k, non-causal, backward 2k / 8k; fa-mosaic-{64,128}-false-dqpp.
+      jsonl): head dim 128 374.6 / 405.7 TFLOP/s against 441.1 / 463.9 (0.85x / 0.87x),
+      head dim 64 323.1 / 354.2 against 359.2 / 382.0 (0.90x / 0.93x). Off.
     """
 
     block_q_dkv: int = 64
