@@ -331,35 +331,34 @@ def test_interpret_takes_the_mosaic_forward_residuals():
 
 
 @pytest.mark.parametrize(
-    "share_probs,split_dq,multicast",
+    "share_probs,split_dq,multicast,pingpong",
     [
-        (False, False, False),
-        (True, True, False),
+        (False, False, False, False),
+        (True, True, False, False),
         # multicast (both kernels; off by default): extended
-        pytest.param(False, False, True, marks=pytest.mark.extended),
-        (False, False, "dq_pingpong"),
+        pytest.param(False, False, True, False, marks=pytest.mark.extended),
+        (False, False, False, True),
     ],
     ids=["split", "share-probs-split-dq", "split-dq-kv-multicast", "split-dq-pingpong"],
 )
-def test_interpret_finds_no_data_race(share_probs, split_dq, multicast):
+def test_interpret_finds_no_data_race(share_probs, split_dq, multicast, pingpong):
     """The interpreter's happens-before race detector over the shared buffers (the
     resident K/V, the Q/dO/lse/D ring, the K/V ring, the staging buffers, the P^T tile
     handed between the split's warpgroups, split_dq's P and dS tiles and the outputs
     staged through shared memory; its wgmma operand reads are not instrumented), and the
     dQ kernel's K/V ring and the dK/dV kernel's Q/dO ring, each written by both CTAs of a
-    cluster (dq_kv_multicast, dkdv_q_multicast); with dq_pingpong (`multicast` names
-    it there), the dQ kernel's warpgroups taking turns."""
+    cluster (dq_kv_multicast, dkdv_q_multicast); with dq_pingpong, the dQ kernel's
+    warpgroups taking turns."""
     from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks  # no public accessor
 
     params = plgpu.InterpretGPUParams(detect_races=True)
     case = Case(1, 130, 70, 1, 1, 128 if split_dq else 64, BF16)
-    pingpong = multicast == "dq_pingpong"
     config = MosaicBwdConfig(
         split_dkv=True,
         share_probs=share_probs,
         split_dq=split_dq,
-        dq_kv_multicast=multicast is True,
-        dkdv_q_multicast=multicast is True,
+        dq_kv_multicast=multicast,
+        dkdv_q_multicast=multicast,
         dq_pingpong=pingpong,
     )
     _compare(case, config, interpret=params, with_dlse=False)
