@@ -374,6 +374,12 @@ class MosaicConfig:
             return False
         return self._smem_bytes(head_dim, itemsize, o_buffer=True) <= SMEM_BYTES
 
+    def o_apart(self, head_dim: int, itemsize: int = 2) -> bool:
+        """Whether O leaves apart from Q's buffer (by a buffer of its own, or from
+        registers), so that the next item's Q may load before O is stored; else only
+        once O has left Q's buffer (and early_q_load cannot be)."""
+        return self.o_from_registers or self.o_buffer(head_dim, itemsize)
+
     def smem_bytes(self, head_dim: int, itemsize: int = 2) -> int:
         """Shared memory the forward kernel allocates at this (padded) head dim (an upper
         bound: Mosaic GPU reports up to 1 KiB less)."""

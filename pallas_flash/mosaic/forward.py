@@ -836,9 +836,7 @@ def _kernel(
                 lse = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(l_safe)) * LN2)
                 o = (acc * lax.broadcast_in_dim(inv, acc.shape, [0])).astype(dtype)
                 o_gmem = o_ref.at[b, pl.ds(q0, block_q), h]
-                # O leaves by its own buffer or from registers, not through Q's: then the
-                # next Q may load before O is stored, else only once O has left Q's buffer.
-                o_apart = o_smem is not None or config.o_from_registers
+                o_apart = config.o_apart(head_dim, dtype.itemsize)
                 if config.persistent and o_apart:
                     # Q is read no more: the next item's loads while this one finishes
                     # (early_q_load: it has, unless this item had no key tile). The last
@@ -957,9 +955,7 @@ def forward(
         raise ValueError(
             f"q_register_cols={config.q_register_cols} exceeds the head dim ({hp} padded)"
         )
-    if config.early_q_load and not (
-        config.o_from_registers or config.o_buffer(hp, q.dtype.itemsize)
-    ):
+    if config.early_q_load and not config.o_apart(hp, q.dtype.itemsize):
         raise ValueError(
             f"early_q_load needs O out of Q's buffer, and at head dim {hp} O has no "
             "shared-memory buffer of its own: set o_from_registers too"
