@@ -146,11 +146,14 @@ for step in "$@"; do
     profile-masks) timeout 590 python3 -m benchmarks.profile --suite masks \
              --masks none,segments:1,padding-full,mask-full --out "$OUT/profile-masks.jsonl" ;;
     # profile-fa:HEAD_DIMS:SEQS[:CAUSAL]: per-kernel times on the fa grid (PROFILE_IMPLS, by
-    # default ours and cuDNN): which of the backward's kernels holds its time.
+    # default ours and cuDNN): which of the backward's kernels holds its time. PROFILE_PASS=fwd
+    # profiles the forward alone; PROFILE_SECTIONS (ncu sections, comma-separated) keeps
+    # their metrics too, e.g. SpeedOfLight,ComputeWorkloadAnalysis,WarpStateStats.
     profile-fa:*) spec=${step#profile-fa:}; hd=${spec%%:*}; spec=${spec#*:}; seqs=${spec%%:*}
              causal=; [ "$spec" != "$seqs" ] && causal=${spec#*:}
              timeout 400 python3 -m benchmarks.profile --suite fa --head-dims "$hd" --seqs "$seqs" \
                ${causal:+--causal "$causal"} --impls "${PROFILE_IMPLS:-pallas_flash:mosaic,jax.nn:cudnn}" \
+               --pass "${PROFILE_PASS:-fwd+bwd}" --sections "${PROFILE_SECTIONS:-}" \
                --out "$OUT/profile-fa.jsonl" ;;
     fa:*) timeout 590 python3 -m benchmarks.bench --suite fa --commit "$commit" \
              --run-id "$run_id" --time-budget "${step#fa:}" --out "$OUT/fa.jsonl" ;;

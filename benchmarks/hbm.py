@@ -72,13 +72,17 @@ def child(impl_name: str) -> None:
     stop()
 
 
-def run_under_ncu(ncu: str, metrics, child_args: list[str], timeout: float):
-    """Runs `python -m <child_args>` under Nsight Compute, collecting `metrics` for every
-    kernel between the child's cudaProfilerStart/Stop (see `_profiler`), as CSV in base
-    units. The clocks stay as they are (`--clock-control none`), and XLA's autotuner is
-    off in the child (XLA crashes under ncu otherwise; see ../shared/ANCHORS.md)."""
+def run_under_ncu(ncu: str, metrics, child_args: list[str], timeout: float, sections=()):
+    """Runs `python -m <child_args>` under Nsight Compute, collecting `metrics` (and every
+    metric of the named `sections`) for every kernel between the child's
+    cudaProfilerStart/Stop (see `_profiler`), as CSV in base units. The clocks stay as
+    they are (`--clock-control none`), and XLA's autotuner is off in the child (XLA
+    crashes under ncu otherwise; see ../shared/ANCHORS.md)."""
     cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv"]
-    cmd += ["--print-units", "base", "--metrics", ",".join(metrics), sys.executable, "-m"]
+    cmd += ["--print-units", "base", "--metrics", ",".join(metrics)]
+    for section in sections:
+        cmd += ["--section", section]
+    cmd += [sys.executable, "-m"]
     env = dict(os.environ, XLA_FLAGS="--xla_gpu_autotune_level=0")
     return subprocess.run(
         cmd + child_args, capture_output=True, text=True, env=env, check=False, timeout=timeout

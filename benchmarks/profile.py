@@ -3,14 +3,21 @@
     python -m benchmarks.profile --suite masks --masks none,segments:1 --out F.jsonl
     python -m benchmarks.profile --suite fa --head-dims 256 --seqs 8192 --causal true \
         --impls pallas_flash:mosaic,jax.nn:cudnn --out F.jsonl
+    python -m benchmarks.profile --suite fa --head-dims 256 --seqs 4096 --causal false \
+        --impls pallas_flash:mosaic,tokamax:mosaic --pass fwd \
+        --sections SpeedOfLight,ComputeWorkloadAnalysis,WarpStateStats --out F.jsonl
 
 For each selected shape of a suite (and each implementation), a child process compiles
 and warms up one forward + backward, then runs it once between cudaProfilerStart/Stop
 under `ncu --clock-control none`; every kernel of that step becomes a row: its name,
 duration, registers per thread and the occupancy limit the registers set. Where a
 masking argument costs time, this says in which kernel (ours, or XLA's work around
-them) and whether the kernel's register count changed. (Nsight Systems cannot make a
-report on the H200 machine; Nsight Compute works, as `benchmarks/hbm.py` uses it.)
+them) and whether the kernel's register count changed. With `--sections`, every metric
+of those Nsight Compute sections (tensor-pipe and issue utilisation, warp stall
+reasons, shared-memory and L2 traffic) is kept as well, under "sections": why one
+kernel is slower than a peer's doing the same matmuls; `--pass fwd` profiles the
+forward alone. (Nsight Systems cannot make a report on the H200 machine; Nsight Compute
+works, as `benchmarks/hbm.py` uses it.)
 """
 
 from __future__ import annotations
@@ -32,19 +39,32 @@ METRICS = (
 )
 
 
+def _value(text: str):
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return text
+
+
 def parse_ncu_kernels(text: str) -> list[dict]:
-    """One dict per profiled kernel (in launch order) of `ncu --csv --print-units base`."""
+    """One dict per profiled kernel (in launch order) of `ncu --csv --print-units base`:
+    METRICS at the top level, and the rows of any section (`--section`, which name the
+    section they come from) under "sections", keyed "Section / Metric Name"."""
     lines = [line for line in text.splitlines() if line.startswith('"')]
     kernels: dict[str, dict] = collections.OrderedDict()
     for row in csv.DictReader(io.StringIO("\n".join(lines))):
         k = kernels.setdefault(row["ID"], {"kernel": row.get("Kernel Name", "?")})
         name = row.get("Metric Name")
         if name in METRICS:
-            k[name] = float(row["Metric Value"].replace(",", ""))
+            k[name] = _value(row["Metric Value"])
+        elif row.get("Section Name"):
+            unit = row.get("Metric Unit") or ""
+            key = f"{row['Section Name']} / {name}" + (f" [{unit}]" if unit else "")
+            k.setdefault("sections", {})[key] = _value(row["Metric Value"])
     return list(kernels.values())
 
 
-def child(suite: str, index: int, impl_name: str) -> None:
+def child(suite: str, index: int, impl_name: str, fwd_only: bool = False) -> None:
     import jax
 
     from benchmarks import bench, suites
@@ -53,12 +73,15 @@ def child(suite: str, index: int, impl_name: str) -> None:
 
     s = suites.SUITES[suite].shapes[index]
     q, k, v, do, arrays, static = bench.make_inputs(s, s.dtype)
-    _, fwd_bwd = bench._bind(lookup(impl_name), s, static)
-    step = jax.jit(fwd_bwd)
-    jax.block_until_ready(step(q, k, v, do, arrays))
+    fwd, fwd_bwd = bench._bind(lookup(impl_name), s, static)
+    if fwd_only:
+        step, args = jax.jit(fwd), (q, k, v, arrays)
+    else:
+        step, args = jax.jit(fwd_bwd), (q, k, v, do, arrays)
+    jax.block_until_ready(step(*args))
     start, stop = _profiler()
     start()
-    jax.block_until_ready(step(q, k, v, do, arrays))
+    jax.block_until_ready(step(*args))
     stop()
 
 
@@ -72,6 +95,10 @@ def main(argv=None) -> int:
     parser.add_argument("--head-dims", default=None, help="comma-separated head dims to keep")
     parser.add_argument("--seqs", default=None, help="comma-separated query lengths to keep")
     parser.add_argument("--causal", choices=("true", "false"), default=None)
+    parser.add_argument("--pass", dest="pass_", choices=("fwd+bwd", "fwd"), default="fwd+bwd")
+    parser.add_argument(
+        "--sections", default="", help="comma-separated Nsight Compute sections to keep too"
+    )
     parser.add_argument("--out", default=None)
     parser.add_argument("--ncu", default="ncu")
     parser.add_argument("--timeout", type=float, default=240, help="seconds per shape")
@@ -79,8 +106,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.child:
         suite, index, impl = args.child
-        child(suite, int(index), impl)
+        child(suite, int(index), impl, fwd_only=args.pass_ == "fwd")
         return 0
+    sections = [x for x in args.sections.split(",") if x]
     labels = set(args.masks.split(",")) if args.masks else None
     head_dims = {int(x) for x in args.head_dims.split(",")} if args.head_dims else None
     seqs = {int(x) for x in args.seqs.split(",")} if args.seqs else None
@@ -94,11 +122,11 @@ def main(argv=None) -> int:
         if args.causal is not None and s.causal != (args.causal == "true"):
             continue
         for impl in args.impls.split(","):
-            child_args = ["benchmarks.profile", "--suite", args.suite]
+            child_args = ["benchmarks.profile", "--suite", args.suite, "--pass", args.pass_]
             child_args += ["--child", args.suite, str(index), impl]
-            row = dict(impl=impl, **s.row(), error=None, kernels=[])
+            row = dict(impl=impl, **s.row(), error=None, kernels=[], **{"pass": args.pass_})
             try:
-                proc = run_under_ncu(args.ncu, METRICS, child_args, args.timeout)
+                proc = run_under_ncu(args.ncu, METRICS, child_args, args.timeout, sections)
                 row["kernels"] = parse_ncu_kernels(proc.stdout)
                 if proc.returncode or not row["kernels"]:
                     raise RuntimeError(f"ncu exit {proc.returncode}: {proc.stderr[-300:]}")
@@ -113,6 +141,8 @@ def main(argv=None) -> int:
                     f"{kern['kernel'][:70]}",
                     flush=True,
                 )
+                for key, value in kern.get("sections", {}).items():
+                    print(f"      {key}: {value}", flush=True)
             if args.out:
                 with open(args.out, "a") as f:
                     f.write(json.dumps(row) + "\n")

@@ -171,6 +171,21 @@ def test_profile_parses_ncu_csv_per_kernel():
         ]
     )
     kernels = profile.parse_ncu_kernels(text)
+    assert "sections" not in kernels[0]
+    with_sections = "\n".join(
+        [
+            '"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"',
+            '"0","fwd","","gpu__time_duration.sum","ns","1,000"',
+            '"0","fwd","SpeedOfLight","Compute (SM) Throughput","%","81.5"',
+            '"0","fwd","WarpStateStats","Stall Reason","","barrier"',
+        ]
+    )
+    (fwd,) = profile.parse_ncu_kernels(with_sections)
+    assert fwd["gpu__time_duration.sum"] == 1000.0
+    assert fwd["sections"] == {
+        "SpeedOfLight / Compute (SM) Throughput [%]": 81.5,
+        "WarpStateStats / Stall Reason": "barrier",
+    }
     assert [k["kernel"] for k in kernels] == ["pallas_flash_fwd", "fusion_3"]
     assert kernels[0]["gpu__time_duration.sum"] == 2500.0
     assert kernels[0]["launch__registers_per_thread"] == 168.0
