@@ -171,8 +171,10 @@ class Timed:
     """One function's timing, warmed and then timed a round at a time, so that several
     can take their rounds in turn (`time_interleaved`)."""
 
-    def __init__(self, f, args, calls: int = CALLS):
+    def __init__(self, f, args, calls: int = CALLS, preroll_s: float = 0.0):
         self.f, self.args, self.calls, self.times = f, args, calls, []
+        self.preroll_s, self.preroll = preroll_s, 0
+        self.spans: list[tuple[float, float]] = []  # host times of the timed rounds
 
     def warm(self, warmup: int = WARMUP, warmup_s: float | None = None):
         """At least `warmup` calls and at least `warmup_s` seconds of them (by default half
@@ -195,14 +197,25 @@ class Timed:
         jax.block_until_ready(self.f(*self.args))
         once = time.perf_counter() - t0
         self.calls = max(1, min(self.calls, int(0.25 / max(once, 1e-6))))
+        if self.preroll_s > 0:
+            self.preroll = max(1, round(self.preroll_s / max(once, 1e-6)))
 
     def round(self):
-        """`calls` calls, one sync: seconds per call."""
+        """`calls` calls, one sync: seconds per call. With a pre-roll (`preroll_s`), first
+        that long of untimed calls and a sync, so that the round runs in this function's
+        own steady state of clock and power rather than in the one the function timed
+        before it left (the H200 runs these kernels at its power limit, gpu_clock.py)."""
+        if self.preroll:
+            for _ in range(self.preroll):
+                out = self.f(*self.args)
+            jax.block_until_ready(out)
+        start = time.time()
         t0 = time.perf_counter()
         for _ in range(self.calls):
             out = self.f(*self.args)
         jax.block_until_ready(out)
         self.times.append((time.perf_counter() - t0) / self.calls)
+        self.spans.append((start, time.time()))
 
     def median(self) -> float:
         return float(np.median(self.times))
@@ -289,6 +302,7 @@ def run_shapes(
     most) where not the defaults (TINY_TIMING for --tiny)."""
     timing = timing or {}
     calls, warmup = timing.get("calls", CALLS), timing.get("warmup", WARMUP)
+    preroll_s = timing.get("preroll_s", 0.0)
     flops = attention_flops(s)
     timed, bases = {}, {}
     for impl in impls:
@@ -329,9 +343,9 @@ def run_shapes(
                     tflops=tflops,
                 )
                 continue
-            mine = {"all": Timed(jax.jit(fwd_bwd), (q, k, v, do, arrays), calls)}
+            mine = {"all": Timed(jax.jit(fwd_bwd), (q, k, v, do, arrays), calls, preroll_s)}
             if set(passes) & {"fwd", "bwd"}:
-                mine["fwd"] = Timed(jax.jit(fwd), (q, k, v, arrays), calls)
+                mine["fwd"] = Timed(jax.jit(fwd), (q, k, v, arrays), calls, preroll_s)
             for t in mine.values():
                 t.warm(warmup)  # compiles, and brings the GPU up to speed
         except Exception as e:  # noqa: BLE001 - a failing peer is a result, not a crash
@@ -348,6 +362,14 @@ def run_shapes(
             for p in passes:
                 yield dict(base, **{"pass": p, "error": _error_message(failed[0])})
             continue
+        spans = {
+            which: timed[name, which].spans for which in ("all", "fwd") if (name, which) in timed
+        }
+        spans = {
+            "fwd": spans.get("fwd", []),
+            "bwd": spans.get("fwd", []) + spans["all"],
+            "fwd+bwd": spans["all"],
+        }
         by_pass = {
             "fwd": (t_fwd, flops),
             "bwd": (None if t_fwd is None else t_all - t_fwd, 2.5 * flops),
@@ -358,7 +380,23 @@ def run_shapes(
             if t is not None and t <= 0:  # tiny shapes: fwd+bwd within noise of fwd alone
                 yield dict(base, **{"pass": p, "error": "below timing noise: fwd+bwd <= fwd"})
             else:
-                yield dict(base, **{"pass": p, "ms": t * 1e3, "tflops": f / t / 1e12})
+                clock = _gpu_state(spans[p])
+                if preroll_s:
+                    clock["preroll_s"] = preroll_s
+                yield dict(base, **{"pass": p, "ms": t * 1e3, "tflops": f / t / 1e12}, **clock)
+
+
+# nvidia-smi's readings while the harness runs on a GPU (gpu_clock.Sampler; main starts
+# it): each timed row gets the mean SM clock, power and temperature of its rounds.
+_SAMPLER = None
+
+
+def _gpu_state(spans) -> dict:
+    if _SAMPLER is None:
+        return {}
+    got = _SAMPLER.during(spans)
+    names = {"clocks.sm": "sm_mhz", "power.draw": "power_w", "temperature.gpu": "temp_c"}
+    return {names[k]: v for k, v in got.items()}
 
 
 def main(argv=None):
@@ -399,6 +437,12 @@ def main(argv=None):
         choices=("true", "false"),
         default=None,
         help="keep only causal (true) or only non-causal (false) shapes (default: both)",
+    )
+    parser.add_argument(
+        "--preroll-s",
+        type=float,
+        default=0.0,
+        help="seconds of untimed calls before each timed round (Timed.round)",
     )
     parser.add_argument(
         "--isolate",
@@ -448,6 +492,11 @@ def main(argv=None):
     if not shapes:
         parser.error(f"no {args.suite} shape is left by the filters given")
     env = environment(args.commit)
+    global _SAMPLER
+    if jax.default_backend() == "gpu" and _SAMPLER is None:
+        from benchmarks.gpu_clock import Sampler
+
+        _SAMPLER = Sampler()
     out = open(args.out, "a") if args.out else None  # noqa: SIM115 - appended row by row
     checked: dict = {}
     start = time.perf_counter()
@@ -464,7 +513,7 @@ def main(argv=None):
             memory=suite.memory,
             run=run,
             checked=checked,
-            timing=TINY_TIMING if args.tiny else None,
+            timing=TINY_TIMING if args.tiny else dict(preroll_s=args.preroll_s),
         ):
             row = dict(run_id=run_id, suite=args.suite, **env, **row)
             print(_summary(row), flush=True)
@@ -495,6 +544,7 @@ def _forward_args(args, name, run_id):
         ("--causal", args.causal),
         ("--seqs", args.seqs),
         ("--time-budget", args.time_budget and str(args.time_budget)),
+        ("--preroll-s", args.preroll_s and str(args.preroll_s)),
     ):
         if value:
             fwd += [flag, value]

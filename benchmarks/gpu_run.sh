@@ -98,11 +98,12 @@ for step in "$@"; do
              budget=${BENCH_BUDGET:-240}; timeout $((budget + 60)) python3 -m benchmarks.bench \
              --suite "$suite" --commit "$commit" --run-id "$run_id" --impls pallas_flash:triton \
              ${labels:+--masks "$labels"} --time-budget "$budget" --out "$OUT/$suite.jsonl" ;;
-    # mosaic-fa:HEAD_DIMS[:CAUSAL]: the Hopper kernels against the fastest peers, fa grid.
+    # mosaic-fa:HEAD_DIMS[:CAUSAL]: the Hopper kernels against the fastest peers, fa grid
+    # (BENCH_PREROLL_S: seconds of untimed calls before each timed round, bench.Timed).
     mosaic-fa:*) hd=${step#mosaic-fa:}; causal=${hd#*:}; [ "$causal" = "$hd" ] && causal=
              timeout 300 python3 -m benchmarks.bench --suite fa --commit "$commit" \
              --run-id "$run_id" --head-dims "${hd%%:*}" ${causal:+--causal "$causal"} \
-             ${FA_SEQS:+--seqs "$FA_SEQS"} \
+             ${FA_SEQS:+--seqs "$FA_SEQS"} ${BENCH_PREROLL_S:+--preroll-s "$BENCH_PREROLL_S"} \
              --time-budget "${MOSAIC_FA_BUDGET:-240}" \
              --impls "${MOSAIC_FA_IMPLS:-pallas_flash:mosaic,jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3,pallas_flash:triton}" \
              --out "$OUT/fa-mosaic.jsonl" ;;

@@ -552,13 +552,40 @@ def test_isolated_processes_get_every_filter():
         causal="true",
         seqs="1024,4096",
         time_budget=30.0,
+        preroll_s=0.25,
         tiny=False,
     )
     got = bench._forward_args(args, "jax.nn:cudnn", "run1")
     pairs = dict(zip(got[::2], got[1::2]))
     assert pairs["--impls"] == "jax.nn:cudnn" and pairs["--causal"] == "true"
     assert pairs["--seqs"] == "1024,4096" and pairs["--time-budget"] == "30.0"
+    assert pairs["--preroll-s"] == "0.25"
     assert "--masks" not in pairs and "--tiny" not in got
+
+
+def test_timed_preroll_runs_untimed_calls_before_each_round():
+    """A pre-roll of 3x one call's time: each round makes 3 untimed calls, then its own,
+    and records one host span for the timed part."""
+    calls = []
+
+    def f(x):
+        calls.append(time.perf_counter())
+        time.sleep(0.01)
+        return x
+
+    t = bench.Timed(f, (jnp.zeros(2),), calls=2, preroll_s=0.03)
+    t.warm(warmup=1, warmup_s=0.0)
+    assert t.preroll in (2, 3)  # 0.03 s over one call's ~0.01 s (sleep overshoots)
+    before = len(calls)
+    t.round()
+    assert len(calls) - before == t.preroll + t.calls
+    ((start, end),) = t.spans  # one round, one span: a later reading than its start
+    assert end > start and len(t.times) == 1
+    plain = bench.Timed(f, (jnp.zeros(2),), calls=2)
+    plain.warm(warmup=1, warmup_s=0.0)
+    before = len(calls)
+    plain.round()
+    assert plain.preroll == 0 and len(calls) - before == plain.calls
 
 
 def test_mosaic_config_variants_are_named_by_their_fields(monkeypatch):
