@@ -72,9 +72,14 @@ def main(argv=None) -> int:
     fns = {}
     for name in args.impls.split(","):
         fwd, _ = bench._bind(lookup(name), s, static)
-        fns[name] = jax.jit(fwd)
-        for _ in range(5):
-            jax.block_until_ready(fns[name](q, k, v, arrays))
+        try:
+            fn = jax.jit(fwd)
+            for _ in range(5):
+                jax.block_until_ready(fn(q, k, v, arrays))
+        except Exception as e:  # noqa: BLE001 - a failing peer is reported, the rest timed
+            print(f"{name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            continue
+        fns[name] = fn
     flops = bench.attention_flops(s)
     sampler = Sampler()
     rows = []
