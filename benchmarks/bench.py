@@ -4,7 +4,8 @@
     python -m benchmarks.bench --suite quick --tiny        # CPU, interpret mode, tiny
 
 Method (as ../shared/ANCHORS.md): jit, a warm-up of at least 3 calls and (on a GPU) half a
-second, median of 5 rounds of N calls with one block_until_ready per round; on each shape
+second, median of 5 rounds of N calls with one block_until_ready per round, each round
+after 0.2 s of untimed calls of its own (since 488cafb, PREROLL_S); on each shape
 the implementations' rounds are taken in turn (round 1 of each, round 2 of each, ...), so
 that a drift of the GPU's speed over the process falls on all of them alike (since
 cc0b4cb; before, each implementation was timed whole, in the order named,
@@ -38,6 +39,12 @@ CHECK_SEQ = 1024  # the reference is materialised at most at this length
 ROUNDS = 5  # timed rounds of each function (time_fn, time_interleaved)
 WARMUP = 3  # warm-up calls at least (Timed.warm)
 CALLS = 20  # calls a round at most (Timed.warm sizes a round to ~0.25 s)
+# Untimed calls before each round, in seconds (Timed.round). The H200 runs these kernels
+# at its 700 W limit, and without them a round ran at the clock the function timed
+# before it left: at 488cafb (results/mosaic-488cafb/, head dim 256 non-causal, one
+# process each) tokamax's forward, timed right after its own slow, low-power backward,
+# read 1.08x / 1.09x ours at 2k / 4k without a pre-roll and 0.97x / 0.99x with 0.2 s.
+PREROLL_S = 0.2
 CHECK_TOL = 2e-2  # relative max error accepted in the pre-timing check (16-bit inputs)
 
 
@@ -386,7 +393,7 @@ def run_shapes(
                 yield dict(base, **{"pass": p, "ms": t * 1e3, "tflops": f / t / 1e12}, **clock)
 
 
-# nvidia-smi's readings while the harness runs on a GPU (gpu_clock.Sampler; main starts
+# NVML's readings while the harness runs on a GPU (gpu_clock.Sampler; main starts
 # it): each timed row gets the mean SM clock, power and temperature of its rounds.
 _SAMPLER = None
 
@@ -441,8 +448,8 @@ def main(argv=None):
     parser.add_argument(
         "--preroll-s",
         type=float,
-        default=0.0,
-        help="seconds of untimed calls before each timed round (Timed.round)",
+        default=PREROLL_S,
+        help="seconds of untimed calls before each timed round (Timed.round; 0: none)",
     )
     parser.add_argument(
         "--isolate",

@@ -10,7 +10,7 @@ TFLOP/s (892 and 808 us a call). Each implementation is timed, their turns inter
 - isolated: one call, synced, after a 50 ms pause (the GPU idle before each);
 - synced: calls back to back, each synced before the next is dispatched;
 - queued: rounds of calls with one sync (the harness's way, `bench.Timed`).
-Meanwhile a thread reads `nvidia-smi` (SM clock, power, temperature) every 20 ms; each
+Meanwhile a thread reads NVML (SM clock, power, temperature; gpu_clock.py) every 20 ms; each
 phase's row gets the samples taken while it ran. A gap that opens only when queued
 is between the calls (dispatch, or work the kernel list does not show); one that
 follows the clock is power.

@@ -740,3 +740,36 @@ def test_lowered_ops_step_live_ins(capsys):
     assert lowered_ops.main(args) == 0
     out = capsys.readouterr().out
     assert "with step_descriptors=true:\n  kernel 0 step: 0 x i64" in out
+
+
+def test_gpu_clock_reads_nvml_and_averages_over_spans():
+    """read_once fills the three NVML readings (power in mW to W); `during` averages the
+    samples inside the spans only, and a sampler without NVML has none."""
+    from benchmarks import gpu_clock
+
+    class FakeNvml:
+        def nvmlDeviceGetClockInfo(self, handle, kind, ref):
+            ref._obj.value = 1755 if kind == gpu_clock._NVML_CLOCK_SM else 0
+            return 0
+
+        def nvmlDeviceGetPowerUsage(self, handle, ref):
+            ref._obj.value = 690500
+            return 0
+
+        def nvmlDeviceGetTemperature(self, handle, sensor, ref):
+            ref._obj.value = 52
+            return 0
+
+    assert gpu_clock.read_once((FakeNvml(), None)) == [1755.0, 690.5, 52.0]
+    failing = FakeNvml()
+    failing.nvmlDeviceGetPowerUsage = lambda handle, ref: 999  # an NVML error code
+    assert gpu_clock.read_once((failing, None)) is None
+
+    s = gpu_clock.Sampler.__new__(gpu_clock.Sampler)
+    s.samples = [(1.0, [1500.0, 600.0, 50.0]), (2.0, [1700.0, 700.0, 52.0]), (9.0, [1980, 0, 0])]
+    assert s.during([(0.5, 2.5)]) == {
+        "clocks.sm": 1600.0,
+        "power.draw": 650.0,
+        "temperature.gpu": 51.0,
+    }
+    assert s.during([(3.0, 4.0)]) == {}
