@@ -179,8 +179,11 @@ def latest_table(
     fa suite, `ours` (the default config of the run's commit) against the best peer
     (forward) or against `peer` (backward), from the newest run that measured both
     there (run ids begin with the date and time); a forward ratio counts only from a
-    run that also timed every peer in `required`. The runs used are listed below."""
+    run that also timed every peer in `required`. The runs used are listed below, each
+    with its pre-roll where it had one (bench.PREROLL_S: runs before it favoured a peer
+    whose backward is slow in the forward, README "Power limit and the pre-roll")."""
     points = collections.defaultdict(lambda: collections.defaultdict(dict))
+    preroll: dict[str, float] = {}
     for r in rows:
         if r.get("suite") != "fa" or r["mask"] != "none" or r["pass"] not in ("fwd", "bwd"):
             continue
@@ -188,6 +191,8 @@ def latest_table(
             continue
         key = (r["head_dim"], r["causal"], r["pass"], r["seq_q"])
         points[key][r["run_id"]][r["impl"]] = r["tflops"]
+        if r.get("preroll_s"):
+            preroll[r["run_id"]] = r["preroll_s"]
     cells = {}
     for key, runs in points.items():
         for run_id in sorted(runs, reverse=True):
@@ -223,7 +228,9 @@ def latest_table(
             row.append("-" if c is None else f"{c[0]:.2f}x {tag[c[1]]}")
         out.append(f"| {hd} | {'yes' if causal else 'no'} | {p} | " + " | ".join(row) + " |")
     out.append("")
-    out += [f"{tag[run_id]}: {run_id}" for run_id in runs]
+    for run_id in runs:
+        note = f" (pre-roll {preroll[run_id]:g} s)" if run_id in preroll else ""
+        out.append(f"{tag[run_id]}: {run_id}{note}")
     return "\n".join(out) + "\n"
 
 

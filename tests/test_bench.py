@@ -503,6 +503,10 @@ def test_latest_table_takes_each_point_from_the_newest_full_run():
     assert "| 64 | yes | bwd | 1.50x b | - |" in lines  # 2k untimed; 4k failed: no column
     assert "| 64 | yes | fwd | 0.75x a | 0.75x b |" in lines
     assert lines[-2:] == [f"a: {old}", f"b: {new}"]
+    timed = rows(new, "bwd", 1024, {"pallas_flash:mosaic": 300, "jax.nn:cudnn": 200})
+    for r in timed:
+        r["preroll_s"] = 0.2  # the run's rounds each followed 0.2 s of untimed calls
+    assert render.latest_table(timed).splitlines()[-1] == f"a: {new} (pre-roll 0.2 s)"
     assert render.latest_table(rows(new, "fwd", 1024, {"jax.nn:cudnn": 1})) == ""
 
 
