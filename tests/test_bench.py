@@ -777,3 +777,26 @@ def test_gpu_clock_reads_nvml_and_averages_over_spans():
         "temperature.gpu": 51.0,
     }
     assert s.during([(3.0, 4.0)]) == {}
+
+
+def test_sustained_phases_time_per_call():
+    """benchmarks.sustained: `queued` times rounds of 20 calls behind one sync (seconds a
+    call), `synced` and `isolated` one synced call each (isolated after a pause)."""
+    from benchmarks import sustained
+
+    calls = []
+
+    def f(x):
+        calls.append(x)
+        time.sleep(0.002)
+        return x
+
+    args = (jnp.zeros(2),)
+    queued = sustained.phase_times(f, args, "queued", 2)
+    assert len(queued) == 2 and len(calls) == 40
+    assert all(0.002 <= t < 0.05 for t in queued)
+    start = time.perf_counter()
+    isolated = sustained.phase_times(f, args, "isolated", 2)
+    assert len(calls) == 42 and time.perf_counter() - start >= 0.1  # two 50 ms pauses
+    assert all(0.002 <= t < 0.05 for t in isolated)  # the pause is not in the time
+    assert len(sustained.phase_times(f, args, "synced", 3)) == 3 and len(calls) == 45
