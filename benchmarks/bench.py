@@ -369,14 +369,9 @@ def run_shapes(
             for p in passes:
                 yield dict(base, **{"pass": p, "error": _error_message(failed[0])})
             continue
-        spans = {
-            which: timed[name, which].spans for which in ("all", "fwd") if (name, which) in timed
-        }
-        spans = {
-            "fwd": spans.get("fwd", []),
-            "bwd": spans.get("fwd", []) + spans["all"],
-            "fwd+bwd": spans["all"],
-        }
+        fwd_spans = timed[name, "fwd"].spans if (name, "fwd") in timed else []
+        all_spans = timed[name, "all"].spans
+        spans = {"fwd": fwd_spans, "bwd": fwd_spans + all_spans, "fwd+bwd": all_spans}
         by_pass = {
             "fwd": (t_fwd, flops),
             "bwd": (None if t_fwd is None else t_all - t_fwd, 2.5 * flops),
@@ -401,9 +396,7 @@ _SAMPLER = None
 def _gpu_state(spans) -> dict:
     if _SAMPLER is None:
         return {}
-    got = _SAMPLER.during(spans)
-    names = {"clocks.sm": "sm_mhz", "power.draw": "power_w", "temperature.gpu": "temp_c"}
-    return {names[k]: v for k, v in got.items()}
+    return _SAMPLER.during(spans)
 
 
 def main(argv=None):

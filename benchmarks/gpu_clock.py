@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-SAMPLE_FIELDS = ("clocks.sm", "power.draw", "temperature.gpu")
+SAMPLE_FIELDS = ("sm_mhz", "power_w", "temp_c")  # as the harness's rows name them
 _NVML_CLOCK_SM = 1
 _NVML_TEMPERATURE_GPU = 0
 

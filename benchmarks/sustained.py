@@ -30,16 +30,14 @@ def phase_times(f, args, phase: str, n: int) -> list[float]:
     """Seconds per call, `n` samples of the phase (see the module docstring)."""
     import jax
 
-    out = []
     if phase == "queued":
-        calls = 20
+        from benchmarks.bench import Timed
+
+        timed = Timed(f, args, calls=20)
         for _ in range(n):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                r = f(*args)
-            jax.block_until_ready(r)
-            out.append((time.perf_counter() - t0) / calls)
-        return out
+            timed.round()
+        return timed.times
+    out = []
     for _ in range(n):
         if phase == "isolated":
             time.sleep(0.05)

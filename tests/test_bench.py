@@ -771,11 +771,7 @@ def test_gpu_clock_reads_nvml_and_averages_over_spans():
 
     s = gpu_clock.Sampler.__new__(gpu_clock.Sampler)
     s.samples = [(1.0, [1500.0, 600.0, 50.0]), (2.0, [1700.0, 700.0, 52.0]), (9.0, [1980, 0, 0])]
-    assert s.during([(0.5, 2.5)]) == {
-        "clocks.sm": 1600.0,
-        "power.draw": 650.0,
-        "temperature.gpu": 51.0,
-    }
+    assert s.during([(0.5, 2.5)]) == {"sm_mhz": 1600.0, "power_w": 650.0, "temp_c": 51.0}
     assert s.during([(3.0, 4.0)]) == {}
 
 
