@@ -156,22 +156,39 @@ def _outputs_and_grads(fn, s: suites.Shape, static, q, k, v, do, arrays):
     return (out, *vjp(do.astype(out.dtype)))
 
 
-def check(impl: Impl, s: suites.Shape, dtype) -> tuple[float, str]:
-    """Worst relative max error, and which of (o, dq, dk, dv) it is, vs the float32 reference."""
+def _output(fn, s: suites.Shape, static, q, k, v, do, arrays):
+    return (fn(q, k, v, causal=s.causal, **arrays, **static),)
+
+
+def check(impl: Impl, s: suites.Shape, dtype) -> tuple[float, str, str | None]:
+    """Worst relative max error, and which of (o, dq, dk, dv) it is, vs the float32
+    reference; and None, or why the implementation has no backward here.
+
+    An implementation whose gradient raises while its forward runs (JAX's Mosaic FA3 has
+    no causal backward) is checked and timed on its forward alone: its forward is still a
+    peer's forward. Until 2026-12-04 the whole implementation was recorded as failed, so
+    FA3 was missing from every causal forward comparison."""
     small = s.replace(batch=1, seq_q=min(s.seq_q, CHECK_SEQ), seq_k=min(s.seq_k, CHECK_SEQ))
     *inputs, static = make_inputs(small, dtype, seed=1)
-    got, want = (
-        jax.jit(lambda *a, fn=fn: _outputs_and_grads(fn, small, static, *a))(*inputs)
-        for fn in (impl.fn, reference_fn(impl.unscaled))
-    )
+
+    def run(fn, what):
+        return jax.jit(lambda *a: what(fn, small, static, *a))(*inputs)
+
+    no_backward = None
+    try:
+        got = run(impl.fn, _outputs_and_grads)
+    except Exception as e:  # noqa: BLE001 - its forward alone may still run
+        no_backward = "no backward: " + _error_message(e)
+        got = run(impl.fn, _output)  # raises, for the caller to record, if this fails too
+    want = run(reference_fn(impl.unscaled), _outputs_and_grads)
     worst = (0.0, "o")
     for name, g, w in zip(("o", "dq", "dk", "dv"), got, want):
         g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
         if not np.isfinite(g).all():
-            return float("nan"), name
+            return float("nan"), name, no_backward
         err = float(np.max(np.abs(g - w)) / max(np.max(np.abs(w)), 1e-6))
         worst = max(worst, (err, name))
-    return worst
+    return (*worst, no_backward)
 
 
 class Timed:
@@ -331,10 +348,12 @@ def run_shapes(
         try:
             if key not in checked:
                 checked[key] = check(impl, s, dtype)
-            err, worst = checked[key]
+            err, worst, no_backward = checked[key]
             # A result off the reference is recorded (check_ok False, and which output) and
             # still timed: the table marks it, rather than hide a fast peer's number.
             base.update(check_err=err, check_worst=worst, check_ok=bool(err <= CHECK_TOL))
+            if no_backward and (memory or "fwd" not in passes):
+                raise NotImplementedError(no_backward)
             q, k, v, do, arrays, static = make_inputs(s, dtype)
             fwd, fwd_bwd = _bind(impl, s, static)
             if memory:  # one compiled call: temporary bytes, peak bytes, its time
@@ -350,7 +369,9 @@ def run_shapes(
                     tflops=tflops,
                 )
                 continue
-            mine = {"all": Timed(jax.jit(fwd_bwd), (q, k, v, do, arrays), calls, preroll_s)}
+            mine = {}
+            if not no_backward:
+                mine["all"] = Timed(jax.jit(fwd_bwd), (q, k, v, do, arrays), calls, preroll_s)
             if set(passes) & {"fwd", "bwd"}:
                 mine["fwd"] = Timed(jax.jit(fwd), (q, k, v, arrays), calls, preroll_s)
             for t in mine.values():
@@ -359,26 +380,29 @@ def run_shapes(
             for p in passes:
                 yield dict(base, **{"pass": p, "error": _error_message(e)})
             continue
-        bases[impl.name] = base
+        bases[impl.name] = base, no_backward
         timed.update({(impl.name, which): t for which, t in mine.items()})
     seconds = time_interleaved(timed, timing.get("rounds", ROUNDS))
-    for name, base in bases.items():
-        t_all, t_fwd = seconds[name, "all"], seconds.get((name, "fwd"))
+    for name, (base, no_backward) in bases.items():
+        t_all, t_fwd = seconds.get((name, "all")), seconds.get((name, "fwd"))
         failed = [t for t in (t_all, t_fwd) if isinstance(t, BaseException)]
         if failed:
             for p in passes:
                 yield dict(base, **{"pass": p, "error": _error_message(failed[0])})
             continue
         fwd_spans = timed[name, "fwd"].spans if (name, "fwd") in timed else []
-        all_spans = timed[name, "all"].spans
+        all_spans = timed[name, "all"].spans if (name, "all") in timed else []
         spans = {"fwd": fwd_spans, "bwd": fwd_spans + all_spans, "fwd+bwd": all_spans}
         by_pass = {
             "fwd": (t_fwd, flops),
-            "bwd": (None if t_fwd is None else t_all - t_fwd, 2.5 * flops),
+            "bwd": (None if None in (t_fwd, t_all) else t_all - t_fwd, 2.5 * flops),
             "fwd+bwd": (t_all, 3.5 * flops),
         }
         for p in passes:
             t, f = by_pass[p]
+            if no_backward and p != "fwd":
+                yield dict(base, **{"pass": p, "error": no_backward})
+                continue
             if t is not None and t <= 0:  # tiny shapes: fwd+bwd within noise of fwd alone
                 yield dict(base, **{"pass": p, "error": "below timing noise: fwd+bwd <= fwd"})
             else:

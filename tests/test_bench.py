@@ -133,6 +133,52 @@ def test_time_interleaved_takes_rounds_in_turn():
     assert isinstance(out["b"], RuntimeError)
 
 
+def test_a_peer_without_a_backward_is_timed_on_its_forward():
+    """JAX's Mosaic FA3 raises on a causal gradient: its forward is still timed (it is a
+    peer's forward), its backward rows carry the reason, and a forward that fails too
+    fails every pass."""
+    import jax
+
+    from benchmarks.impls import Impl, reference_fn
+
+    ref = reference_fn(unscaled=False)
+
+    @jax.custom_vjp
+    def attend(q, k, v):
+        return ref(q, k, v, causal=True)
+
+    def no_grad(*_):
+        raise NotImplementedError("no causal backward here")
+
+    attend.defvjp(lambda q, k, v: (attend(q, k, v), None), no_grad)
+    fwd_only = Impl("fwd-only", lambda q, k, v, *, causal: attend(q, k, v))
+    s = bench.suites.Shape(1, 64, 64, 2, 2, 32, causal=True)
+    passes = ("fwd", "bwd", "fwd+bwd")
+    rows = {
+        r["pass"]: r
+        for r in bench.run_shape(
+            fwd_only, s, passes, memory=False, run=True, checked={}, timing=bench.TINY_TIMING
+        )
+    }
+    assert rows["fwd"]["error"] is None and rows["fwd"]["ms"] > 0
+    assert rows["fwd"]["check_ok"] and rows["fwd"]["check_worst"] == "o"
+    for p in ("bwd", "fwd+bwd"):
+        assert rows[p]["ms"] is None and "no causal backward here" in rows[p]["error"]
+    # asked for its backward alone, or for its memory, it has nothing to give
+    (only_bwd,) = bench.run_shape(
+        fwd_only, s, ("fwd+bwd",), memory=False, run=True, checked={}, timing=bench.TINY_TIMING
+    )
+    assert "no causal backward here" in only_bwd["error"]
+
+    def broken(q, k, v, *, causal):
+        raise ValueError("forward broken too")
+
+    rows = list(
+        bench.run_shape(Impl("broken", broken), s, passes, memory=False, run=True, checked={})
+    )
+    assert len(rows) == 3 and all("forward broken too" in r["error"] for r in rows)
+
+
 def test_flops_convention():
     s = bench.suites.Shape(2, 1024, 1024, 16, 16, 128, causal=False)
     assert bench.attention_flops(s) == 4 * 2 * 16 * 1024 * 1024 * 128
