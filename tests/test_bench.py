@@ -654,7 +654,7 @@ def test_mosaic_config_variants_are_named_by_their_fields(monkeypatch):
     v.fn(q, q, q, causal=True)
     default = mosaic_config.default_mosaic_config(64, 8, True)
     assert seen["config"] == dataclasses.replace(default, early_k_wait=False)
-    assert seen["config"].persistent  # 8 keys: the short-length default
+    assert seen["config"].block_kv == 128  # 8 keys, causal: the short-length default
     assert (seen["backward_config"].block_q_dkv, seen["backward_config"].num_stages_dkv) == (64, 2)
     assert impls.lookup("jax.nn:cudnn") is impls.IMPLS["jax.nn:cudnn"]
     with pytest.raises(KeyError):

@@ -302,11 +302,13 @@ def test_interpret_finds_no_data_race(schedule):
 )
 def test_interpret_default_for_the_call(head_dim, causal):
     """The rows chosen by the call's length and causal flag, on a short GQA call with
-    ragged lengths: head dim 64 causal (128-key tiles, persistent) and 256 non-causal
-    (persistent, O through Q's buffer). P from shared memory (the interpreter's form)."""
+    ragged lengths: head dim 64 causal (128-key tiles, one CTA per item) and 256
+    non-causal (persistent, O through Q's buffer). P from shared memory (the
+    interpreter's form)."""
     case = Case(2, 130, 300, 4, 2, head_dim, BF16, causal=causal, kv_lens=(300, 170))
     config = default_mosaic_config(head_dim, case.seq_kv, causal)
-    assert config.persistent and config.block_kv == {64: 128, 256: 64}[head_dim]
+    assert config.persistent == (head_dim == 256)
+    assert config.block_kv == {64: 128, 256: 64}[head_dim]
     _compare(case, dataclasses.replace(config, p_in_registers=False), interpret=True)
 
 
@@ -454,6 +456,51 @@ def test_interpret_early_q_load_changes_no_bit(case, flags):
     _changed_no_bit(case, persistent, changed, interpret=True, seed=4)
 
 
+def test_exp2_poly_matches_exp2():
+    """forward.exp2_poly (its jnp form) against float64 2^x: relative error below
+    8e-5 for x from 0 down to -125 (a probability's exponent is at most 0; below 2^-126
+    float32 has only denormals, which the CPU and ex2.approx.ftz flush), exactly 0 from
+    -126.5 down (-inf, a masked score, included), and NaN kept."""
+    x = np.concatenate([-np.geomspace(1e-6, 125, 200_001), np.arange(-125, 1.0)])
+    got = np.asarray(jax.jit(mosaic_forward.exp2_poly)(jnp.asarray(x, jnp.float32)), np.float64)
+    exact = 2.0 ** x.astype(np.float32).astype(np.float64)
+    assert np.max(np.abs(got / exact - 1)) < 8e-5
+    edge = jnp.array([-126.6, -127.0, -1e30, -jnp.inf, jnp.nan], jnp.float32)
+    out = np.asarray(mosaic_forward.exp2_poly(edge))
+    np.testing.assert_array_equal(out[:4], 0.0)
+    assert np.isnan(out[4])
+
+
+# Interpret mode's kernel (P through shared memory) with a quarter and all of each
+# 64-key tile's exp2 through the polynomial: masked tiles, rows that see no key, ragged
+# and empty lengths, GQA, a window, segment ids, head dims 128 (padded) and 256.
+@pytest.mark.extended
+@pytest.mark.parametrize("cols", [16, 64])
+@pytest.mark.parametrize(
+    "case", [INTERPRET_CASES[i] for i in (2, 3, 4, 5, 7, 8, 10)], ids=lambda c: c.id
+)
+def test_interpret_poly_exp2_matches_reference(case, cols):
+    _compare(case, dataclasses.replace(SMALL, poly_exp2_cols=cols), interpret=True, seed=5)
+
+
+def test_poly_exp2_lowers_for_hopper():
+    """poly_exp2_cols lowered for sm_90 (head dim 64's default row, 256-key tiles, three
+    tile loops): each consumer thread's exp2 of a tile are 64 x 256 / 128 = 128, of which
+    32 columns' 16 leave the MUFU for exp2_poly's PTX in each loop; the alpha rescales'
+    six stay."""
+    from benchmarks import lowered_ops
+
+    spec = masks.MaskSpec(causal=True)
+    row = default_mosaic_config(64, 8192, True)
+    counts = []
+    for cols in (0, 32, row.block_kv):
+        config = dataclasses.replace(row, poly_exp2_cols=cols)
+        (module,) = lowered_ops.forward_modules(config, spec, 64, 8192)
+        text = lowered_ops.module_text(module)
+        counts.append((text.count("ex2.approx"), text.count("shl.b32 e, t, 23")))
+    assert counts == [(3 * 128 + 6, 0), (3 * 112 + 6, 3 * 16), (6, 3 * 128)]
+
+
 def test_early_q_load_needs_o_out_of_q_buffer():
     """At head dim 256 O leaves through Q's buffer (it has none of its own): loading the
     next Q early would overwrite it, so the call says what to set."""
@@ -504,6 +551,9 @@ def test_config_validation():
         MosaicConfig(kv_multicast=True, persistent=True)
     with pytest.raises(ValueError, match="early_q_load .* needs persistent"):
         MosaicConfig(early_q_load=True)
+    for cols in (12, -8, 136):
+        with pytest.raises(ValueError, match="poly_exp2_cols=.* multiple of 8 from 0 to block_kv"):
+            MosaicConfig(block_kv=128, poly_exp2_cols=cols)
     q = jnp.ones((1, 8, 1, 256), BF16)
     lens = jnp.full((1,), 8, jnp.int32)
     too_big = MosaicConfig(block_kv=256, num_stages=2)
@@ -691,13 +741,15 @@ def test_default_configs_fit_in_shared_memory(head_dim, seq_k, causal):
 
 
 def test_default_is_persistent_only_where_measured_faster():
-    """Head dim 64 (33-64 padded) up to 2048 keys (1.05-1.13x there), head dim 128
-    when not causal (1.00-1.06x) and head dim 256 when not causal up to 8192 keys
-    (1.01-1.05x); slower at 128 and 256 causal, and not timed at 64 beyond 2k or at 256
-    beyond 8k (mosaic/config.py). Causal None (not known): only what wins both ways."""
+    """Head dim 64 (33-64 padded) up to 2048 keys when not causal (1.05-1.13x there;
+    causal, its 128-key tiles ran 1.06x without it at 2k), head dim 128 when not causal
+    (1.00-1.06x) and head dim 256 when not causal up to 16384 keys (1.01-1.05x); slower
+    at 128 and 256 causal, and not timed at 64 beyond 2k or at 256 beyond 16k
+    (mosaic/config.py). Causal None (not known): only what wins both ways."""
     for head_dim, seq_k, causal, want in [
         (64, 1, None, True),
-        (48, 2048, True, True),
+        (48, 2048, True, False),
+        (48, 2048, False, True),
         (64, 2049, False, False),
         (64, None, None, False),
         (32, 1024, False, True),  # padded to 64: the same kernel and tiles
@@ -708,7 +760,8 @@ def test_default_is_persistent_only_where_measured_faster():
         (128, None, True, False),
         (256, 1024, False, True),
         (192, 8192, False, True),  # padded to 256
-        (256, 8193, False, False),
+        (256, 8193, False, True),
+        (256, 16385, False, False),
         (256, 1024, True, False),
         (256, 1024, None, False),
         (256, None, False, False),
@@ -882,6 +935,17 @@ def test_gpu_early_q_load_changes_no_bit(case, flags):
     persistent = dataclasses.replace(row, persistent=True)
     changed = dataclasses.replace(persistent, o_from_registers=True, early_q_load=flags == "both")
     _changed_no_bit(case, persistent, changed, interpret=False, seed=seed_of(case))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cols", ["quarter", "all"])
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_poly_exp2_matches_reference(case, cols):
+    """poly_exp2_cols compiled on the call's default row, a quarter and all of each
+    tile's columns (the compiler must keep the rounding's add and subtract apart)."""
+    row = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
+    n = row.block_kv // 4 if cols == "quarter" else row.block_kv
+    _compare(case, dataclasses.replace(row, poly_exp2_cols=n), interpret=False, seed=seed_of(case))
 
 
 @pytest.mark.gpu

@@ -8,11 +8,11 @@ Default-config table (16-bit inputs; head dim padded up to a multiple of 64):
 |-------------------|-------------------------------|--------|-----------------------|
 | 64                | 64 x 256, early K wait        | 2      | 151,128 (bound)       |
 | 64, keys <= 2048  | the same, persistent          | 2      | 167,512 (bound)       |
-| 64, keys <= 2048, causal | 64 x 128, persistent   | 2      | 101,976 (bound)       |
+| 64, keys <= 2048, causal | 64 x 128, early K wait | 2      | 101,976 (bound)       |
 | 128, causal       | 64 x 128, early K wait        | 2      | 167,000               |
 | 128, not causal   | the same, persistent          | 2      | 200,280 (bound)       |
 | 192, 256          | 64 x 64, early K wait         | 2      | 150,616, 199,768      |
-| 192, 256, keys <= 8192, not causal | the same, persistent | 2 | 199,768 (O through Q's buffer) |
+| 192, 256, keys <= 16384, not causal | the same, persistent | 2 | 199,768 (O through Q's buffer) |
 
 (Shared memory as Mosaic GPU's lowering reports it, with P in registers; "bound":
 `smem_bytes`' upper bound, for rows not yet read off a lowering.) Every row holds Q's
@@ -81,6 +81,13 @@ gpu_run.sh step `sweep-mosaic:HD:fwd`; B=2, T=S=8k, bf16; TFLOP/s non-causal / c
     0.98x the default at 4k (390.7 against 400.0;
     `results/mosaic-81df3c6/fa-mosaic-64-true-blockkv-4k.jsonl`), so 128 only up to
     2048 keys.
+- At 37cc49c, under the pre-roll, beside the peers (`results/mosaic-37cc49c/
+  fa-mosaic-{64-true,256-false}-variants.jsonl`; B x T = 16k, bf16, forward TFLOP/s):
+  - Head dim 64 causal 2k: the 128-key row without the persistent grid ran 327.4 against
+    its persistent 309.3 (1.06x; JAX's Mosaic FA3 330.2, cuDNN 327.1), 256-key tiles
+    281.0; so at 2048 keys and below a causal call at head dim 64 takes one CTA per item.
+  - Head dim 256 non-causal 16k: persistent ran 639.1 against 615.7 (1.04x; cuDNN
+    652.0), so PERSISTENT_MAX_KEYS_256 reaches 16384.
 Starting points came from JAX's own Mosaic FA3
 (`jax/experimental/pallas/ops/gpu/attention_mgpu.py`), whose benchmark keeps 64 query
 rows per warpgroup and two K/V stages and takes the first block_kv of 256, 128, 64 that
@@ -311,6 +318,14 @@ class MosaicConfig:
       non-causal 518.9 / 607.1 TFLOP/s against the default's 591.0 / 649.6 at 2k / 8k
       (0.88x / 0.93x), slower than O from registers alone (where the early load costs
       the loop's last step is not measured). Off.
+    poly_exp2_cols: the first this many columns of each score tile (a multiple of 8, at
+      most block_kv) take their exp2 from a cubic on the FMA and integer units
+      (forward.exp2_poly, relative error below 8e-5, below bfloat16's and float16's
+      rounding of P), the rest from the SM's multi-function unit (MUFU.EX2), which
+      issues 16 a clock per SM: at head dim 64 a score's two matmuls take 256 flops, 1/16
+      of a clock at the tensor cores' 4,096 flops a clock per SM, the same as its exp2,
+      so the MUFU may bound the softmax there (FlashAttention-4 offloads part of the
+      exp2 so). Costs nine FMA-pipe operations per element moved. 0: none.
     """
 
     block_q: int = 64
@@ -329,8 +344,14 @@ class MosaicConfig:
     named_releases: bool = False
     o_from_registers: bool = False
     early_q_load: bool = False
+    poly_exp2_cols: int = 0
 
     def __post_init__(self):
+        if self.poly_exp2_cols % 8 or not 0 <= self.poly_exp2_cols <= self.block_kv:
+            raise ValueError(
+                f"{self.poly_exp2_cols=} must be a multiple of 8 from 0 to block_kv "
+                f"({self.block_kv}): a score tile's columns come in eights a thread"
+            )
         if self.named_releases and (
             self.kv_multicast or self.intra_overlap or self.num_stages > MAX_NAMED_STAGES
         ):
@@ -715,11 +736,12 @@ Q_REGISTER_COLS = 64
 # default's earlier compiled tests stand for it.
 NAMED_TURNS_DEFAULT = True
 
-# Key lengths up to which the head-dim-64 default is persistent (measured at 1k and 2k).
+# Key lengths up to which the head-dim-64 default takes its short-length rows: persistent
+# when not causal, 128-key tiles when causal (measured at 1k and 2k).
 PERSISTENT_MAX_KEYS = 2048
 # Key lengths up to which the head-dim-192/256 default is persistent when not causal
-# (measured at 1k, 2k, 4k and 8k).
-PERSISTENT_MAX_KEYS_256 = 8192
+# (measured at 1k, 2k, 4k, 8k and 16k).
+PERSISTENT_MAX_KEYS_256 = 16384
 
 
 def default_mosaic_config(
@@ -733,15 +755,17 @@ def default_mosaic_config(
         # 256-key tiles: the sweep at 06da646 (B=2, T=S=8k) ran 466 / 453 TFLOP/s (full /
         # causal) against 438 / 422 for 128-key tiles (1.06x / 1.07x): at head dim 64 a
         # tile's matmuls are short, and a longer tile halves the steps' fixed costs.
-        # Persistent at short lengths: 1.05-1.13x there (module docstring).
-        # 128-key tiles at short causal lengths: 1.11x / 1.04x at 1k / 2k (docstring).
+        # Persistent at short lengths: 1.05-1.13x there (module docstring). Causal at
+        # short lengths: 128-key tiles, 1.11x / 1.04x at 1k / 2k, one CTA per item
+        # (since 37cc49c's run, 1.06x the persistent grid at 2k; docstring).
         short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS
+        short_causal = short and causal is True
         return MosaicConfig(
             block_q=64,
-            block_kv=128 if short and causal is True else 256,
+            block_kv=128 if short_causal else 256,
             num_stages=2,
             early_k_wait=True,
-            persistent=short,
+            persistent=short and not short_causal,
             q_register_cols=Q_REGISTER_COLS,
             named_turns=NAMED_TURNS_DEFAULT,
         )
@@ -757,7 +781,7 @@ def default_mosaic_config(
             q_register_cols=Q_REGISTER_COLS,
             named_turns=NAMED_TURNS_DEFAULT,
         )
-    # Persistent when not causal up to 8192 keys: 1.01-1.05x at 1k-8k (docstring).
+    # Persistent when not causal up to 16384 keys: 1.01-1.05x at 1k-16k (docstring).
     short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS_256
     persistent = short and causal is False
     return MosaicConfig(

@@ -53,8 +53,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -125,10 +127,76 @@ def device_unsupported() -> str | None:
     return None
 
 
-def _online_softmax(s, m_i, l_i, c: float, keep):
+# exp2_poly: 2^f on [-0.5, 0.5] by a cubic, fitted for the least largest relative error
+# (7.5e-5 exactly, below 8e-5 evaluated in float32; bfloat16's half ulp, P's rounding for
+# P V, is 2^-9 = 2.0e-3), and
+# 1.5 * 2^23 + 127, whose float32 sum with x in [-127, 128] rounds x to the nearest integer
+# j and holds j + 127, 2^j's biased exponent, in its low mantissa bits.
+_EXP2_POLY = (0.9999275803565979, 0.6932610869407654, 0.24261736869812012, 0.055174168199300766)
+_EXP2_ROUND = 12582912.0 + 127.0
+
+
+def _ptx_f32(v: float) -> str:  # a float32 constant as PTX spells it
+    return f"0f{int(np.float32(v).view(np.uint32)):08X}"
+
+
+# The same arithmetic for one float32 register, as PTX: written out so that no compiler
+# folds the rounding's (x + R) - R back into x, as XLA does with the jnp form.
+_EXP2_POLY_PTX = (
+    "{ .reg .f32 x, t, f, p; .reg .b32 e;\n"
+    f"max.NaN.f32 x, $1, {_ptx_f32(-127.0)};\n"
+    f"add.rn.f32 t, x, {_ptx_f32(_EXP2_ROUND)};\n"
+    f"sub.rn.f32 f, t, {_ptx_f32(_EXP2_ROUND)};\n"
+    "sub.rn.f32 f, x, f;\n"
+    f"fma.rn.f32 p, f, {_ptx_f32(_EXP2_POLY[3])}, {_ptx_f32(_EXP2_POLY[2])};\n"
+    f"fma.rn.f32 p, p, f, {_ptx_f32(_EXP2_POLY[1])};\n"
+    f"fma.rn.f32 p, p, f, {_ptx_f32(_EXP2_POLY[0])};\n"
+    "shl.b32 e, t, 23;\n"
+    "mul.rn.f32 $0, p, e; }"
+)
+
+
+def exp2_poly(x, *, ptx: bool = False):
+    """2^x in float32 on the FMA and integer units, none of it on the SM's multi-function
+    unit (MUFU, 16 exp2 a clock per SM; FlashAttention-4's offload, Zadouri et al. 2025):
+    x = j + f with j = round(x), 2^f by a cubic (relative error below 8e-5), 2^j
+    from j + 127 shifted into a float's exponent. Nine operations (clamp, three adds,
+    three FMAs, shift, multiply). x < -126.5, -inf included, gives exactly 0 (2^j's
+    exponent field is then 0; ex2.approx.ftz flushes results below 2^-126 as well),
+    and NaN stays NaN (NaN * 2^j).
+
+    `ptx`: in a compiled kernel, `x` [rows, cols] in the wgmma layout, as inline PTX per
+    register (_EXP2_POLY_PTX); else jnp, with lax.round for the rounding (GPU interpret
+    mode, and tests)."""
+    if ptx:
+        layout = plgpu.Layout.WGMMA
+
+        @plgpu.inline_mgpu(
+            arg_types=(layout,),
+            return_type=plgpu.ShapeDtypeStruct(x.shape, jnp.float32, layout=layout),
+        )
+        def emit(_ctx, xs):
+            def one(v):  # one float32 register
+                return mgpu_utils.inline_ptx(_EXP2_POLY_PTX, v, result_types=xs.mlir_dtype)
+
+            return xs._pointwise(mgpu.FragmentedArray._lift_fast_instr(one))
+
+        return emit(x)
+    x = jnp.maximum(x, -127.0)
+    j = lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN)
+    f = x - j  # in [-0.5, 0.5]
+    c0, c1, c2, c3 = _EXP2_POLY
+    p = ((c3 * f + c2) * f + c1) * f + c0
+    scale = lax.bitcast_convert_type((j.astype(jnp.int32) + 127) << 23, jnp.float32)
+    return p * scale
+
+
+def _online_softmax(s, m_i, l_i, c: float, keep, poly_cols: int = 0, ptx: bool = False):
     """One online-softmax step on raw scores `s` [block_q, block_kv] (float32).
 
-    `c` is scale * log2(e); `keep` is the element mask or None. Returns the
+    `c` is scale * log2(e); `keep` is the element mask or None; the first `poly_cols`
+    columns' exp2 go through exp2_poly (MosaicConfig.poly_exp2_cols; `ptx`: its compiled
+    form). Returns the
     probabilities p (base 2, not normalised), the new m_i and l_i, and alpha, which
     rescales what was accumulated so far.
     """
@@ -148,7 +216,14 @@ def _online_softmax(s, m_i, l_i, c: float, keep):
         # exp2(-inf + inf) = NaN. Use 0 instead: its p and alpha are then 0.
         m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)
     alpha = jnp.exp2(m_i - m_use)
-    p = jnp.exp2((s if c == 1.0 else s * c) - rows(m_use))  # [block_q, block_kv]
+    x = (s if c == 1.0 else s * c) - rows(m_use)  # [block_q, block_kv]
+    if poly_cols >= x.shape[1]:
+        p = exp2_poly(x, ptx=ptx)
+    elif poly_cols:  # (slices and concatenation of the tile only rename its registers)
+        head = exp2_poly(x[:, :poly_cols], ptx=ptx)
+        p = jnp.concatenate([head, jnp.exp2(x[:, poly_cols:])], axis=1)
+    else:
+        p = jnp.exp2(x)
     l_i = l_i * alpha + jnp.sum(p, axis=1)
     return p, m_new, l_i, alpha
 
@@ -486,6 +561,7 @@ def _kernel(
     heads: int,
     batch: int,
     num_ctas: int,
+    compiled: bool,
 ):
     # With segment ids, their [B, T] and [B, S] arrays come before the outputs.
     q_seg_ref, kv_seg_ref, o_ref, lse_ref = refs if len(refs) == 4 else (None, None, *refs)
@@ -596,6 +672,7 @@ def _kernel(
             # (intra_overlap) cannot close over in Mosaic GPU's lowering.
             diag = masks.offset(spec, q_len, kv_len) if spec.uses_offset else 0
             c = scale * LOG2E  # base-2 scores: log2(e) folded into the scale
+            poly = (config.poly_exp2_cols, compiled)  # compiled: exp2_poly's PTX
 
             pingpong = PingPong(turns, wg, named=config.named_turns)
 
@@ -674,7 +751,9 @@ def _kernel(
                 if config.early_q_load:  # Q is read no more: the next item's may load
                     pl.when((j == hi - 1) & (i + 1 < count))(lambda: load_q(i + 1))
                 keep = release_k(j, slot, s.shape, masked)
-                p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, c, keep)  # p: [block_q, block_kv]
+                p, m_i, l_i, alpha = _online_softmax(
+                    s, m_i, l_i, c, keep, *poly
+                )  # p: [block_q, block_kv]
 
                 def rescale(acc, p):  # [block_q, head_dim], and P as the wgmma takes it
                     return acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), p.astype(dtype)
@@ -720,7 +799,9 @@ def _kernel(
                 plgpu.barrier_wait(k_ready.at[slot])
                 s = qk_scores(slot)
                 # The first tile may be a full one: masking it is exact, and it is one tile.
-                p, m_i, l_i, _ = _online_softmax(s, m_i, l_i, c, release_k(lo, slot, s.shape, True))
+                p, m_i, l_i, _ = _online_softmax(
+                    s, m_i, l_i, c, release_k(lo, slot, s.shape, True), *poly
+                )
                 p = keep_p(p, lo)
                 pingpong.elementwise_done()  # softmax done
                 return acc, m_i, l_i, p
@@ -738,7 +819,9 @@ def _kernel(
                     pingpong.meet()
                     # wgmma groups complete in order: at most one in flight is the P V.
                     s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
-                    return _online_softmax(s, m_i, l_i, c, release_k(j, slot, s.shape, masked))
+                    return _online_softmax(
+                        s, m_i, l_i, c, release_k(j, slot, s.shape, masked), *poly
+                    )
 
                 if config.p_in_registers:
 
@@ -1039,6 +1122,7 @@ def forward(
         heads=N,
         batch=B,
         num_ctas=num_ctas,
+        compiled=interpret is False,
     )
     o, lse = plgpu.kernel(
         kernel,
