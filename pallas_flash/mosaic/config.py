@@ -88,6 +88,12 @@ gpu_run.sh step `sweep-mosaic:HD:fwd`; B=2, T=S=8k, bf16; TFLOP/s non-causal / c
     281.0; so at 2048 keys and below a causal call at head dim 64 takes one CTA per item.
   - Head dim 256 non-causal 16k: persistent ran 639.1 against 615.7 (1.04x; cuDNN
     652.0), so PERSISTENT_MAX_KEYS_256 reaches 16384.
+  Both as defaults at 61a3ad1 (`results/mosaic-61a3ad1/fa-mosaic-64-true-short.jsonl`,
+  `-256-false-16k.jsonl`, `-64-true-1k-variants.jsonl`): head dim 64 causal 2k 336.3
+  against the persistent grid's 321.8 (1.05x; FA3 325.0, cuDNN 326.0, tokamax 324.7), 1k
+  258.5 against 258.3 (cuDNN 273.7; 64-key tiles 229.2 / 236.7 without / with the
+  persistent grid, three stages 252.2 / 257.7: none ahead of the default); head dim 256
+  non-causal 16k 639.7 against 627.9 one CTA per item (1.02x; cuDNN 655.7).
 Starting points came from JAX's own Mosaic FA3
 (`jax/experimental/pallas/ops/gpu/attention_mgpu.py`), whose benchmark keeps 64 query
 rows per warpgroup and two K/V stages and takes the first block_kv of 256, 128, 64 that
@@ -325,7 +331,17 @@ class MosaicConfig:
       issues 16 a clock per SM: at head dim 64 a score's two matmuls take 256 flops, 1/16
       of a clock at the tensor cores' 4,096 flops a clock per SM, the same as its exp2,
       so the MUFU may bound the softmax there (FlashAttention-4 offloads part of the
-      exp2 so). Costs nine FMA-pipe operations per element moved. 0: none.
+      exp2 so). Costs nine FMA-pipe operations per element moved. 0: none. Compiled at
+      61a3ad1, it passes the reference on all 30 rows of the case table with a quarter
+      and with all of each tile's columns (results/mosaic-61a3ad1/mosaic-tests-*.log);
+      timed beside the default (bf16, B x T = 16k, forward TFLOP/s; results/
+      mosaic-61a3ad1/fa-mosaic-*-poly.jsonl, -64-true-short.jsonl) it is slower at every
+      share: head dim 64 non-causal 8k 429.6 / 430.2 / 394.7 with 32 / 64 / 128 of 256
+      columns against 471.6 (0.91x / 0.91x / 0.84x), causal 2k 309.8 / 336.3 with 32 of
+      128 (0.92x), head dim 128 8k 584.8 / 568.2 with 16 / 32 of 128 against 595.1
+      (0.98x / 0.95x), the variants' SM clocks as high as the default's or higher. A
+      ninth of the elements moved cost 9 %: the softmax is bound by the instructions it
+      issues, not by the MUFU's rate. Off.
     """
 
     block_q: int = 64
