@@ -663,15 +663,15 @@ def test_mosaic_config_variants_are_named_by_their_fields(monkeypatch):
         impls.lookup("pallas_flash:mosaic/block_size=64")
     with pytest.raises(ValueError, match="not true, false or an int"):
         impls.lookup("pallas_flash:mosaic/fused=yes")
-    seen.clear()  # the forward default at the call's key length (persistent up to 2048)
-    k = jnp.zeros((1, 4096, 2, 64), jnp.bfloat16)
+    seen.clear()  # the forward default at the call's key length (causal: 128-key tiles up
+    k = jnp.zeros((1, 4096, 2, 64), jnp.bfloat16)  # to 2048 keys)
     # (the default row's Q and dO in registers are the plain dQ kernel's: a fused variant
     # names them off, or the config says why not)
     with pytest.raises(ValueError, match="q_do_in_registers is the plain dQ kernel's"):
-        impls.lookup("pallas_flash:mosaic/fused=true").fn(q, k, k, causal=False)
-    impls.lookup("pallas_flash:mosaic/fused=true/q_do_in_registers=false").fn(q, k, k, causal=False)
-    assert seen["backward_config"].fused and not seen["config"].persistent
-    assert seen["config"] == mosaic_config.default_mosaic_config(64, 4096)
+        impls.lookup("pallas_flash:mosaic/fused=true").fn(q, k, k, causal=True)
+    impls.lookup("pallas_flash:mosaic/fused=true/q_do_in_registers=false").fn(q, k, k, causal=True)
+    assert seen["backward_config"].fused and seen["config"].block_kv == 256
+    assert seen["config"] == mosaic_config.default_mosaic_config(64, 4096, True)
     seen.clear()  # and at the call's causal flag (head dim 128: persistent unless causal)
     q = jnp.zeros((1, 8, 2, 128), jnp.bfloat16)
     for causal in (False, True):

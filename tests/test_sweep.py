@@ -79,11 +79,12 @@ def test_sweep_tiny_mosaic_runs_and_renders(tmp_path):
     assert all(r["ms"] > 0 for r in rows if not r["error"])
     assert all(r["error"].startswith("below timing noise") for r in rows if r["error"])
     # the default and its nearest candidate, as interpret mode runs them (P in shared memory);
-    # the default is the API's at the tiny shape and mask (persistent: 128 keys, either
-    # mask; causal, 128-key tiles)
+    # the default is the API's at the tiny shape and mask (non-causal: persistent, 256-key
+    # tiles; causal: 128-key tiles, one CTA per item)
     for causal in (False, True):
         default_fwd = sweep.interpretable(configs.default_mosaic_config(64, 128, causal))
-        assert default_fwd.persistent and default_fwd.block_kv == (128 if causal else 256)
+        assert default_fwd.persistent is not causal
+        assert default_fwd.block_kv == (128 if causal else 256)
         fwd = [r for r in rows if r["pass"] == "fwd" and r["causal"] == causal]
         (default,) = [r["config"] for r in fwd if r["default"]]
         assert default == dataclasses.asdict(default_fwd)

@@ -7,7 +7,7 @@ Default-config table (16-bit inputs; head dim padded up to a multiple of 64):
 | head dim (padded) | rows per warpgroup x block_kv | stages | shared memory (bytes) |
 |-------------------|-------------------------------|--------|-----------------------|
 | 64                | 64 x 256, early K wait        | 2      | 151,128 (bound)       |
-| 64, keys <= 2048  | the same, persistent          | 2      | 167,512 (bound)       |
+| 64, not causal    | the same, persistent          | 2      | 167,512 (bound)       |
 | 64, keys <= 2048, causal | 64 x 128, early K wait | 2      | 101,976 (bound)       |
 | 128, causal       | 64 x 128, early K wait        | 2      | 167,000               |
 | 128, not causal   | the same, persistent          | 2      | 200,280 (bound)       |
@@ -94,6 +94,13 @@ gpu_run.sh step `sweep-mosaic:HD:fwd`; B=2, T=S=8k, bf16; TFLOP/s non-causal / c
   258.5 against 258.3 (cuDNN 273.7; 64-key tiles 229.2 / 236.7 without / with the
   persistent grid, three stages 252.2 / 257.7: none ahead of the default); head dim 256
   non-causal 16k 639.7 against 627.9 one CTA per item (1.02x; cuDNN 655.7).
+- Head dim 64 non-causal from 4k, the persistent grid beside the default and the peers at
+  04f1496 (`results/mosaic-04f1496/fa-mosaic-64-false-persistent.jsonl`, one process):
+  452.5 / 466.7 / 486.1 TFLOP/s against 443.5 / 459.6 / 472.5 at 4k / 8k / 16k (1.02x /
+  1.02x / 1.03x; the best peer 421.6 / 441.2 / 447.9), so at head dim 64 it is the
+  default whenever the call is not causal. Causal 4k (`fa-mosaic-64-true-4k-variants.jsonl`):
+  persistent 300.1 against 368.6 (0.81x); 128-key tiles 377.1 (1.02x, where at 81df3c6
+  they ran 0.98x: within a run's spread, so the 256-key row stays).
 Starting points came from JAX's own Mosaic FA3
 (`jax/experimental/pallas/ops/gpu/attention_mgpu.py`), whose benchmark keeps 64 query
 rows per warpgroup and two K/V stages and takes the first block_kv of 256, 128, 64 that
@@ -752,8 +759,8 @@ Q_REGISTER_COLS = 64
 # default's earlier compiled tests stand for it.
 NAMED_TURNS_DEFAULT = True
 
-# Key lengths up to which the head-dim-64 default takes its short-length rows: persistent
-# when not causal, 128-key tiles when causal (measured at 1k and 2k).
+# Key lengths up to which the head-dim-64 default takes its short-length rows: 128-key
+# tiles when causal, persistent when the causal flag is not known (measured at 1k and 2k).
 PERSISTENT_MAX_KEYS = 2048
 # Key lengths up to which the head-dim-192/256 default is persistent when not causal
 # (measured at 1k, 2k, 4k, 8k and 16k).
@@ -771,9 +778,10 @@ def default_mosaic_config(
         # 256-key tiles: the sweep at 06da646 (B=2, T=S=8k) ran 466 / 453 TFLOP/s (full /
         # causal) against 438 / 422 for 128-key tiles (1.06x / 1.07x): at head dim 64 a
         # tile's matmuls are short, and a longer tile halves the steps' fixed costs.
-        # Persistent at short lengths: 1.05-1.13x there (module docstring). Causal at
-        # short lengths: 128-key tiles, 1.11x / 1.04x at 1k / 2k, one CTA per item
-        # (since 37cc49c's run, 1.06x the persistent grid at 2k; docstring).
+        # Persistent when not causal: 1.05-1.13x at 1k / 2k, 1.02-1.03x from 4k to 16k;
+        # causal only where the flag is not known and the keys are few (1.05-1.08x at 1k /
+        # 2k with 256-key tiles). Causal at short lengths: 128-key tiles, 1.11x / 1.04x at
+        # 1k / 2k, one CTA per item (1.05x the persistent grid at 2k). Module docstring.
         short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS
         short_causal = short and causal is True
         return MosaicConfig(
@@ -781,7 +789,7 @@ def default_mosaic_config(
             block_kv=128 if short_causal else 256,
             num_stages=2,
             early_k_wait=True,
-            persistent=short and not short_causal,
+            persistent=causal is False or (short and causal is None),
             q_register_cols=Q_REGISTER_COLS,
             named_turns=NAMED_TURNS_DEFAULT,
         )
