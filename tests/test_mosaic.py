@@ -483,6 +483,67 @@ def test_interpret_poly_exp2_matches_reference(case, cols):
     _compare(case, dataclasses.replace(SMALL, poly_exp2_cols=cols), interpret=True, seed=5)
 
 
+# The running output rescaled only where a row's max grew by more than the slack: each
+# row decides alone in interpret mode, with p up to 2^slack where its old max stays.
+# Masked tiles, rows that see no key, ragged and empty lengths, GQA, a window, segment
+# ids, head dims 128 (padded) and 256.
+@pytest.mark.extended
+@pytest.mark.parametrize("slack", [0.0, 8.0])
+@pytest.mark.parametrize(
+    "case", [INTERPRET_CASES[i] for i in (2, 3, 4, 5, 7, 8, 10)], ids=lambda c: c.id
+)
+def test_interpret_rescale_slack_matches_reference(case, slack):
+    _compare(case, dataclasses.replace(SMALL, rescale_slack=slack), interpret=True, seed=6)
+
+
+def test_rescale_slack_keeps_a_row_max_that_grew_less():
+    """One step on a second tile whose scores top the first's by 3 (base 2) in row 0 and
+    not at all in row 1: with slack 8 both rows keep their max (alpha 1, row 0's p up to
+    2^3); with slack 2 row 0 takes the new max; a row with no key yet (-inf) always
+    does. l and m give the same softmax either way."""
+    m_i = jnp.array([1.0, 1.0, -jnp.inf])
+    l_i = jnp.array([2.0, 2.0, 0.0])
+    s = jnp.array([[4.0, 0.0], [1.0, 0.5], [0.25, -1.0]])
+    got = {}
+    for slack in (8.0, 2.0, None):
+        p, m, l, alpha, rescaled = mosaic_forward._online_softmax(
+            s, m_i, l_i, 1.0, None, slack=slack
+        )
+        got[slack] = (m, l)
+        if slack == 8.0:
+            np.testing.assert_array_equal(rescaled, [False, False, True])
+            np.testing.assert_array_equal(m, [1.0, 1.0, 0.25])
+            np.testing.assert_array_equal(alpha[:2], [1.0, 1.0])
+            assert float(p[0, 0]) == 8.0
+        if slack == 2.0:
+            np.testing.assert_array_equal(rescaled, [True, False, True])
+            np.testing.assert_array_equal(m, [4.0, 1.0, 0.25])
+        if slack is None:
+            assert rescaled is None
+    for slack in (8.0, 2.0):  # the same logsumexp as always rescaling
+        (m, l), (m0, l0) = got[slack], got[None]
+        np.testing.assert_allclose(m + jnp.log2(l), m0 + jnp.log2(l0), rtol=1e-6)
+
+
+def test_rescale_slack_lowers_for_hopper():
+    """rescale_slack lowered for sm_90 (head dim 128's default row): one warp vote per
+    tile loop (three: masked, full, masked) and the rescale in a branch of its own
+    (one more switch each), its multiplies in one arm only."""
+    from benchmarks import lowered_ops
+
+    row = default_mosaic_config(128, 8192, False)
+    counts = []
+    for slack in (None, 8.0):
+        config = dataclasses.replace(row, rescale_slack=slack)
+        (module,) = lowered_ops.forward_modules(config, masks.MaskSpec(), 128, 8192)
+        text = lowered_ops.module_text(module)
+        counts.append(
+            tuple(text.count(op) for op in ("nvvm.vote.sync", "scf.index_switch", "arith.mulf"))
+        )
+    (votes, switches, muls), (votes8, switches8, muls8) = counts
+    assert (votes, votes8) == (0, 3) and switches8 == switches + 3 and muls8 == muls
+
+
 def test_poly_exp2_lowers_for_hopper():
     """poly_exp2_cols lowered for sm_90 (head dim 64's default row, 256-key tiles, three
     tile loops): each consumer thread's exp2 of a tile are 64 x 256 / 128 = 128, of which
@@ -551,6 +612,11 @@ def test_config_validation():
         MosaicConfig(kv_multicast=True, persistent=True)
     with pytest.raises(ValueError, match="early_q_load .* needs persistent"):
         MosaicConfig(early_q_load=True)
+    for slack in (-1.0, 64, True, "8"):
+        with pytest.raises(ValueError, match="rescale_slack=.* None or a number from 0 to 64"):
+            MosaicConfig(rescale_slack=slack)
+    with pytest.raises(ValueError, match="rescale_slack .* not with intra_overlap"):
+        MosaicConfig(rescale_slack=8.0, intra_overlap=True)
     for cols in (12, -8, 136):
         with pytest.raises(ValueError, match="poly_exp2_cols=.* multiple of 8 from 0 to block_kv"):
             MosaicConfig(block_kv=128, poly_exp2_cols=cols)
@@ -939,6 +1005,16 @@ def test_gpu_early_q_load_changes_no_bit(case, flags):
     persistent = dataclasses.replace(row, persistent=True)
     changed = dataclasses.replace(persistent, o_from_registers=True, early_q_load=flags == "both")
     _changed_no_bit(case, persistent, changed, interpret=False, seed=seed_of(case))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("slack", [0.0, 8.0])
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_rescale_slack_matches_reference(case, slack):
+    """rescale_slack compiled on the call's default row: whole warps skip the rescale."""
+    row = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
+    config = dataclasses.replace(row, rescale_slack=slack)
+    _compare(case, config, interpret=False, seed=seed_of(case))
 
 
 @pytest.mark.gpu

@@ -349,6 +349,16 @@ class MosaicConfig:
       (0.98x / 0.95x), the variants' SM clocks as high as the default's or higher. A
       ninth of the elements moved cost 9 %: the softmax is bound by the instructions it
       issues, not by the MUFU's rate. Off.
+    rescale_slack: None, or the growth of a row's max (in base-2 units) that the running
+      output may lag behind. The accumulator's rescale (acc * alpha: head dim / 2 float32
+      multiplies per thread a step, 64 at head dim 128 beside the 64 scores' softmax)
+      runs in a branch that a warp skips when no row of its 16 has grown by more than
+      this since its scale was last set (vote.sync.any); the rows then keep their old
+      max, so p may reach 2^slack (FlashAttention-4's conditional rescaling). 0 skips
+      only where no row grew at all. The output is the same softmax; rounding differs
+      (p carries up to `slack` more bits of exponent, none of mantissa). In GPU interpret
+      mode each row decides alone (no warps there), with alpha 1 where it does not
+      rescale. Not with intra_overlap (whose rescale sits elsewhere). None: always.
     """
 
     block_q: int = 64
@@ -368,8 +378,16 @@ class MosaicConfig:
     o_from_registers: bool = False
     early_q_load: bool = False
     poly_exp2_cols: int = 0
+    rescale_slack: float | None = None
 
     def __post_init__(self):
+        slack = self.rescale_slack
+        if slack is not None and (
+            isinstance(slack, bool) or not isinstance(slack, (int, float)) or not 0 <= slack < 64
+        ):
+            raise ValueError(f"{self.rescale_slack=} must be None or a number from 0 to 64")
+        if slack is not None and self.intra_overlap:
+            raise ValueError("rescale_slack is the plain schedule's: not with intra_overlap")
         if self.poly_exp2_cols % 8 or not 0 <= self.poly_exp2_cols <= self.block_kv:
             raise ValueError(
                 f"{self.poly_exp2_cols=} must be a multiple of 8 from 0 to block_kv "

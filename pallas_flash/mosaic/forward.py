@@ -59,6 +59,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith, nvvm, vector
 
 from pallas_flash import masks
 from pallas_flash.logits import LN2, LOG2E, Logits
@@ -191,14 +193,44 @@ def exp2_poly(x, *, ptx: bool = False):
     return p * scale
 
 
-def _online_softmax(s, m_i, l_i, c: float, keep, poly_cols: int = 0, ptx: bool = False):
+def warp_any(flags):
+    """Whether any row of the executing warp has its flag set ([rows] bool in the wgmma
+    row layout, each thread holding its rows'): a per-warp value, the same in the 32
+    threads of a warp (vote.sync.any), for a branch that whole warps take or skip."""
+
+    @plgpu.inline_mgpu(
+        arg_types=(_ROW,), return_type=plgpu.ShapeDtypeStruct((), jnp.bool_, plgpu.Layout.WG_SPLAT)
+    )
+    def vote(_ctx, rows):
+        bits = []
+        for reg in rows.registers.flat:  # this thread's rows, a vector of i1 or an i1 each
+            if isinstance(reg.type, ir.VectorType):
+                n = ir.VectorType(reg.type).shape[0]
+                bits += [
+                    vector.extract(reg, dynamic_position=[], static_position=[k]) for k in range(n)
+                ]
+            else:
+                bits.append(reg)
+        mine = functools.reduce(arith.ori, bits)
+        everyone = arith.constant(ir.IntegerType.get_signless(32), 0xFFFFFFFF)
+        return mgpu.FragmentedArray.splat(
+            nvvm.vote_sync(everyone, mine, "any"), (), is_signed=False
+        )
+
+    return vote(flags)
+
+
+def _online_softmax(s, m_i, l_i, c: float, keep, poly_cols: int = 0, ptx: bool = False, slack=None):
     """One online-softmax step on raw scores `s` [block_q, block_kv] (float32).
 
     `c` is scale * log2(e); `keep` is the element mask or None; the first `poly_cols`
-    columns' exp2 go through exp2_poly (MosaicConfig.poly_exp2_cols; `ptx`: its compiled
-    form). Returns the
-    probabilities p (base 2, not normalised), the new m_i and l_i, and alpha, which
-    rescales what was accumulated so far.
+    columns' exp2 go through exp2_poly (MosaicConfig.poly_exp2_cols; `ptx`: compiled).
+    `slack` (MosaicConfig.rescale_slack): m_i is the max the rows are scaled by, raised
+    to the tile's max only where a row's grew by more than `slack` (compiled: all rows of
+    any warp that has such a row); else it stays, and p is at most 2^slack. Returns the
+    probabilities p (base 2, not normalised), the new m_i and l_i, alpha, which rescales
+    what was accumulated so far, and whether to rescale (None: always; a [rows] mask,
+    where alpha is 1 off it; or, compiled, the warp's flag).
     """
 
     def rows(x):  # [block_q] -> [block_q, block_kv]
@@ -210,6 +242,16 @@ def _online_softmax(s, m_i, l_i, c: float, keep, poly_cols: int = 0, ptx: bool =
         s = jnp.where(keep, s, -jnp.inf)
     # With c > 0, max(s) * c = max(s * c), and s * c - m below is one FMA per element.
     m_new = jnp.maximum(m_i, jnp.max(s, axis=1) * c)
+    rescaled = None
+    if slack is not None:
+        # -inf - -inf is NaN, so a row that has seen only masked keys has not grown; the
+        # first key it sees takes it from -inf, which has.
+        rescaled = m_new - m_i > slack
+        if ptx:
+            rescaled = warp_any(rescaled)
+            m_new = jnp.where(lax.broadcast_in_dim(rescaled, m_new.shape, ()), m_new, m_i)
+        else:
+            m_new = jnp.where(rescaled, m_new, m_i)
     m_use = m_new
     if keep is not None:
         # A row that has seen only masked keys has max -inf; subtracting it would give
@@ -225,7 +267,7 @@ def _online_softmax(s, m_i, l_i, c: float, keep, poly_cols: int = 0, ptx: bool =
     else:
         p = jnp.exp2(x)
     l_i = l_i * alpha + jnp.sum(p, axis=1)
-    return p, m_new, l_i, alpha
+    return p, m_new, l_i, alpha, rescaled
 
 
 def stream_kv_tiles(
@@ -751,12 +793,17 @@ def _kernel(
                 if config.early_q_load:  # Q is read no more: the next item's may load
                     pl.when((j == hi - 1) & (i + 1 < count))(lambda: load_q(i + 1))
                 keep = release_k(j, slot, s.shape, masked)
-                p, m_i, l_i, alpha = _online_softmax(
-                    s, m_i, l_i, c, keep, *poly
+                p, m_i, l_i, alpha, rescaled = _online_softmax(
+                    s, m_i, l_i, c, keep, *poly, slack=config.rescale_slack
                 )  # p: [block_q, block_kv]
 
                 def rescale(acc, p):  # [block_q, head_dim], and P as the wgmma takes it
-                    return acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), p.astype(dtype)
+                    def scaled():
+                        return acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+                    if rescaled is not None and compiled:  # the warp's flag: skip if unset
+                        return lax.cond(rescaled, scaled, lambda: acc), p.astype(dtype)
+                    return scaled(), p.astype(dtype)
 
                 if config.rescale_before_turn:
                     acc, p = rescale(acc, p)
@@ -799,7 +846,7 @@ def _kernel(
                 plgpu.barrier_wait(k_ready.at[slot])
                 s = qk_scores(slot)
                 # The first tile may be a full one: masking it is exact, and it is one tile.
-                p, m_i, l_i, _ = _online_softmax(
+                p, m_i, l_i, _, _ = _online_softmax(
                     s, m_i, l_i, c, release_k(lo, slot, s.shape, True), *poly
                 )
                 p = keep_p(p, lo)
@@ -821,7 +868,7 @@ def _kernel(
                     s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
                     return _online_softmax(
                         s, m_i, l_i, c, release_k(j, slot, s.shape, masked), *poly
-                    )
+                    )[:4]
 
                 if config.p_in_registers:
 
