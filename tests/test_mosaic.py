@@ -506,10 +506,10 @@ def test_rescale_slack_keeps_a_row_max_that_grew_less():
     s = jnp.array([[4.0, 0.0], [1.0, 0.5], [0.25, -1.0]])
     got = {}
     for slack in (8.0, 2.0, None):
-        p, m, l, alpha, rescaled = mosaic_forward._online_softmax(
+        p, m, total, alpha, rescaled = mosaic_forward._online_softmax(
             s, m_i, l_i, 1.0, None, slack=slack
         )
-        got[slack] = (m, l)
+        got[slack] = (m, total)
         if slack == 8.0:
             np.testing.assert_array_equal(rescaled, [False, False, True])
             np.testing.assert_array_equal(m, [1.0, 1.0, 0.25])
@@ -521,8 +521,8 @@ def test_rescale_slack_keeps_a_row_max_that_grew_less():
         if slack is None:
             assert rescaled is None
     for slack in (8.0, 2.0):  # the same logsumexp as always rescaling
-        (m, l), (m0, l0) = got[slack], got[None]
-        np.testing.assert_allclose(m + jnp.log2(l), m0 + jnp.log2(l0), rtol=1e-6)
+        (m, total), (m0, total0) = got[slack], got[None]
+        np.testing.assert_allclose(m + jnp.log2(total), m0 + jnp.log2(total0), rtol=1e-6)
 
 
 def test_rescale_slack_lowers_for_hopper():
