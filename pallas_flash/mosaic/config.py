@@ -359,6 +359,14 @@ class MosaicConfig:
       (p carries up to `slack` more bits of exponent, none of mantissa). In GPU interpret
       mode each row decides alone (no warps there), with alpha 1 where it does not
       rescale. Not with intra_overlap (whose rescale sits elsewhere). None: always.
+      Timed once at 7c428a8 beside the default (bf16, B x T = 16k, non-causal 8k, forward;
+      results/mosaic-7c428a8/fa-mosaic-*-false-slack.jsonl; each passed the harness's
+      float32 reference check): slack 8 ran 605.2 against 593.0 TFLOP/s at head dim 128
+      (1.02x, at the same SM clock) and 452.5 against 479.3 at head dim 64 (0.94x, at a
+      higher clock), where a step's rescale is 32 multiplies a thread against the vote,
+      the branch and the max's selects. Its compiled case-table test
+      (test_gpu_rescale_slack_matches_reference) has not run. Off: a candidate at head
+      dim 128, whose 1.02x is inside one run's spread.
     """
 
     block_q: int = 64
