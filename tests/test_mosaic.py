@@ -471,27 +471,25 @@ def test_exp2_poly_matches_exp2():
     assert np.isnan(out[4])
 
 
+# For the softmax's own options in interpret mode: masked tiles, rows that see no key,
+# ragged and empty lengths, GQA, a window, segment ids, head dims 128 (padded) and 256.
+SOFTMAX_CASES = [INTERPRET_CASES[i] for i in (2, 3, 4, 5, 7, 8, 10)]
+
+
 # Interpret mode's kernel (P through shared memory) with a quarter and all of each
-# 64-key tile's exp2 through the polynomial: masked tiles, rows that see no key, ragged
-# and empty lengths, GQA, a window, segment ids, head dims 128 (padded) and 256.
+# 64-key tile's exp2 through the polynomial.
 @pytest.mark.extended
 @pytest.mark.parametrize("cols", [16, 64])
-@pytest.mark.parametrize(
-    "case", [INTERPRET_CASES[i] for i in (2, 3, 4, 5, 7, 8, 10)], ids=lambda c: c.id
-)
+@pytest.mark.parametrize("case", SOFTMAX_CASES, ids=lambda c: c.id)
 def test_interpret_poly_exp2_matches_reference(case, cols):
     _compare(case, dataclasses.replace(SMALL, poly_exp2_cols=cols), interpret=True, seed=5)
 
 
 # The running output rescaled only where a row's max grew by more than the slack: each
 # row decides alone in interpret mode, with p up to 2^slack where its old max stays.
-# Masked tiles, rows that see no key, ragged and empty lengths, GQA, a window, segment
-# ids, head dims 128 (padded) and 256.
 @pytest.mark.extended
 @pytest.mark.parametrize("slack", [0.0, 8.0])
-@pytest.mark.parametrize(
-    "case", [INTERPRET_CASES[i] for i in (2, 3, 4, 5, 7, 8, 10)], ids=lambda c: c.id
-)
+@pytest.mark.parametrize("case", SOFTMAX_CASES, ids=lambda c: c.id)
 def test_interpret_rescale_slack_matches_reference(case, slack):
     _compare(case, dataclasses.replace(SMALL, rescale_slack=slack), interpret=True, seed=6)
 
