@@ -714,7 +714,13 @@ def _kernel(
             # (intra_overlap) cannot close over in Mosaic GPU's lowering.
             diag = masks.offset(spec, q_len, kv_len) if spec.uses_offset else 0
             c = scale * LOG2E  # base-2 scores: log2(e) folded into the scale
-            poly = (config.poly_exp2_cols, compiled)  # compiled: exp2_poly's PTX
+            # The softmax's options; compiled, exp2_poly and the warp vote as PTX.
+            softmax = functools.partial(
+                _online_softmax,
+                poly_cols=config.poly_exp2_cols,
+                ptx=compiled,
+                slack=config.rescale_slack,
+            )
 
             pingpong = PingPong(turns, wg, named=config.named_turns)
 
@@ -793,8 +799,8 @@ def _kernel(
                 if config.early_q_load:  # Q is read no more: the next item's may load
                     pl.when((j == hi - 1) & (i + 1 < count))(lambda: load_q(i + 1))
                 keep = release_k(j, slot, s.shape, masked)
-                p, m_i, l_i, alpha, rescaled = _online_softmax(
-                    s, m_i, l_i, c, keep, *poly, slack=config.rescale_slack
+                p, m_i, l_i, alpha, rescaled = softmax(
+                    s, m_i, l_i, c, keep
                 )  # p: [block_q, block_kv]
 
                 def rescale(acc, p):  # [block_q, head_dim], and P as the wgmma takes it
@@ -846,9 +852,7 @@ def _kernel(
                 plgpu.barrier_wait(k_ready.at[slot])
                 s = qk_scores(slot)
                 # The first tile may be a full one: masking it is exact, and it is one tile.
-                p, m_i, l_i, _, _ = _online_softmax(
-                    s, m_i, l_i, c, release_k(lo, slot, s.shape, True), *poly
-                )
+                p, m_i, l_i, _, _ = softmax(s, m_i, l_i, c, release_k(lo, slot, s.shape, True))
                 p = keep_p(p, lo)
                 pingpong.elementwise_done()  # softmax done
                 return acc, m_i, l_i, p
@@ -866,9 +870,8 @@ def _kernel(
                     pingpong.meet()
                     # wgmma groups complete in order: at most one in flight is the P V.
                     s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
-                    return _online_softmax(
-                        s, m_i, l_i, c, release_k(j, slot, s.shape, masked), *poly
-                    )[:4]
+                    # (no rescale_slack with intra_overlap: the rescale flag is None)
+                    return softmax(s, m_i, l_i, c, release_k(j, slot, s.shape, masked))[:4]
 
                 if config.p_in_registers:
 
