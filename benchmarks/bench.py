@@ -370,7 +370,8 @@ def run_shapes(
                 )
                 continue
             mine = {}
-            if not no_backward:
+            # fwd+bwd is timed only where a pass needs it (the backward is that minus fwd).
+            if not no_backward and set(passes) & {"bwd", "fwd+bwd"}:
                 mine["all"] = Timed(jax.jit(fwd_bwd), (q, k, v, do, arrays), calls, preroll_s)
             if set(passes) & {"fwd", "bwd"}:
                 mine["fwd"] = Timed(jax.jit(fwd), (q, k, v, arrays), calls, preroll_s)
@@ -463,6 +464,12 @@ def main(argv=None):
         help="keep only causal (true) or only non-causal (false) shapes (default: both)",
     )
     parser.add_argument(
+        "--passes",
+        default=None,
+        help="comma-separated passes to time, of the suite's (e.g. fwd: a forward-only "
+        "variant's backward is not timed); default: all of them",
+    )
+    parser.add_argument(
         "--preroll-s",
         type=float,
         default=PREROLL_S,
@@ -515,6 +522,12 @@ def main(argv=None):
         shapes = tuple(s for s in shapes if s.seq_q in keep)
     if not shapes:
         parser.error(f"no {args.suite} shape is left by the filters given")
+    passes = tuple(suite.passes)
+    if args.passes:
+        wanted = args.passes.split(",")
+        if not set(wanted) <= set(passes):
+            parser.error(f"--passes {args.passes!r}: each must be one of {list(passes)}")
+        passes = tuple(p for p in passes if p in wanted)
     env = environment(args.commit)
     global _SAMPLER
     if jax.default_backend() == "gpu" and _SAMPLER is None:
@@ -533,7 +546,7 @@ def main(argv=None):
         for row in run_shapes(
             shape_impls,
             s,
-            suite.passes,
+            passes,
             memory=suite.memory,
             run=run,
             checked=checked,
@@ -567,6 +580,7 @@ def _forward_args(args, name, run_id):
         ("--masks", args.masks),
         ("--causal", args.causal),
         ("--seqs", args.seqs),
+        ("--passes", args.passes),
         ("--time-budget", args.time_budget and str(args.time_budget)),
         ("--preroll-s", args.preroll_s and str(args.preroll_s)),
     ):

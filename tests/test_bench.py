@@ -589,6 +589,30 @@ def test_seqs_keep_only_those_query_lengths(tmp_path, capsys):
     assert "no fa shape is left" in capsys.readouterr().err
 
 
+def test_passes_keep_only_those_passes(tmp_path, capsys, monkeypatch):
+    """--passes fwd times the forward alone: one row a shape, and the fwd+bwd call is
+    never built (a forward-only variant's backward costs device time and says nothing);
+    a pass the suite lacks is an error naming the ones it has."""
+    built = []
+    real_timed = bench.Timed
+
+    def spy(f, args, *rest, **kw):
+        built.append(len(args))  # fwd takes (q, k, v, arrays); fwd+bwd adds dO
+        return real_timed(f, args, *rest, **kw)
+
+    monkeypatch.setattr(bench, "Timed", spy)
+    out = tmp_path / "fa.jsonl"
+    argv = ["--suite", "fa", "--tiny", "--impls", "pallas_flash:xla_blockwise", "--out", str(out)]
+    assert bench.main([*argv, "--seqs", "40", "--passes", "fwd"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows and {r["pass"] for r in rows} == {"fwd"}
+    assert all(r["error"] is None and r["tflops"] > 0 for r in rows)
+    assert built and set(built) == {4}
+    with pytest.raises(SystemExit):
+        bench.main([*argv, "--passes", "fwd,backward"])
+    assert "--passes 'fwd,backward': each must be one of" in capsys.readouterr().err
+
+
 def test_isolated_processes_get_every_filter():
     """--isolate runs one process per implementation: each gets the same shape filters
     and budget (a dropped --causal once ran the whole grid per process)."""
@@ -601,6 +625,7 @@ def test_isolated_processes_get_every_filter():
         masks=None,
         causal="true",
         seqs="1024,4096",
+        passes="fwd",
         time_budget=30.0,
         preroll_s=0.25,
         tiny=False,
@@ -609,7 +634,7 @@ def test_isolated_processes_get_every_filter():
     pairs = dict(zip(got[::2], got[1::2]))
     assert pairs["--impls"] == "jax.nn:cudnn" and pairs["--causal"] == "true"
     assert pairs["--seqs"] == "1024,4096" and pairs["--time-budget"] == "30.0"
-    assert pairs["--preroll-s"] == "0.25"
+    assert pairs["--preroll-s"] == "0.25" and pairs["--passes"] == "fwd"
     assert "--masks" not in pairs and "--tiny" not in got
 
 
