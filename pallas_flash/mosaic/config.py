@@ -359,14 +359,12 @@ class MosaicConfig:
       (p carries up to `slack` more bits of exponent, none of mantissa). In GPU interpret
       mode each row decides alone (no warps there), with alpha 1 where it does not
       rescale. Not with intra_overlap (whose rescale sits elsewhere). None: always.
-      Timed once at 7c428a8 beside the default (bf16, B x T = 16k, non-causal 8k, forward;
-      results/mosaic-7c428a8/fa-mosaic-*-false-slack.jsonl; each passed the harness's
-      float32 reference check): slack 8 ran 605.2 against 593.0 TFLOP/s at head dim 128
-      (1.02x, at the same SM clock) and 452.5 against 479.3 at head dim 64 (0.94x, at a
-      higher clock), where a step's rescale is 32 multiplies a thread against the vote,
-      the branch and the max's selects. Its compiled case-table test
-      (test_gpu_rescale_slack_matches_reference) has not run. Off: a candidate at head
-      dim 128, whose 1.02x is inside one run's spread.
+      Timed at 7c428a8 beside the default (bf16, B x T = 16k, non-causal 8k): slack 8
+      ran 1.02x at head dim 128 and 0.94x at 64 (452.5 against 479.3 TFLOP/s), where a
+      step's rescale is 32 multiplies a thread against the vote, the branch and the
+      max's selects. Default 8 at head dims above 64 since 02c64a5, except causal calls
+      of at most 1024 keys (RESCALE_SLACK and default_mosaic_config below, with the
+      evidence).
     """
 
     block_q: int = 64
@@ -785,6 +783,25 @@ Q_REGISTER_COLS = 64
 # default's earlier compiled tests stand for it.
 NAMED_TURNS_DEFAULT = True
 
+# The running output's conditional rescale (MosaicConfig.rescale_slack) in the default rows
+# of head dims 128-256, since 02c64a5. Compiled, slack 8 and 0 on each case's default row
+# pass the reference on all 30 rows of the case table (60 of 60,
+# results/mosaic-02c64a5/mosaic-tests.log). Timed beside the old default and the peers in
+# one process each (bf16, B x T = 16k, forward TFLOP/s, slack 8 against the old row;
+# results/mosaic-02c64a5/fa-mosaic-*.jsonl): head dim 256 non-causal 574.2 / 608.2 /
+# 644.2 / 668.9 against 570.1 / 586.8 / 609.4 / 637.3 at 2k / 4k / 8k / 16k (1.01x /
+# 1.04x / 1.06x / 1.05x), causal 482.1 / 571.4 / 618.1 / 647.5 against 460.9 / 537.5 /
+# 563.3 / 605.4 (1.05x / 1.06x / 1.10x / 1.07x), at SM clocks 0-120 MHz lower than the
+# old row's: a step's rescale there is 128 multiplies a thread beside 32 scores' exp2.
+# Head dim 128 non-causal 1.007x / 1.016x / 1.020x / 1.017x / 1.019x at 1k / 2k / 4k /
+# 8k / 16k, causal 1.028x / 1.043x / 1.026x at 2k / 8k / 16k but 0.969x at 1k (338.9
+# against 349.7: few steps a row, most of them on the diagonal, where maxima grow), so
+# causal calls of at most RESCALE_SLACK_OFF_KEYS keys (and calls whose causal flag is not
+# known) keep the plain rescale. Head dim 64 causal 0.967x / 0.997x / 0.992x at 2k / 4k /
+# 8k (and 0.94x non-causal 8k at 7c428a8): off there.
+RESCALE_SLACK = 8.0
+RESCALE_SLACK_OFF_KEYS = 1024
+
 # Key lengths up to which the head-dim-64 default takes its short-length rows: 128-key
 # tiles when causal, persistent when the causal flag is not known (measured at 1k and 2k).
 PERSISTENT_MAX_KEYS = 2048
@@ -819,6 +836,10 @@ def default_mosaic_config(
             q_register_cols=Q_REGISTER_COLS,
             named_turns=NAMED_TURNS_DEFAULT,
         )
+    # The conditional rescale above head dim 64, but not for short causal calls (at
+    # RESCALE_SLACK's comment).
+    few_keys = seq_k is not None and seq_k <= RESCALE_SLACK_OFF_KEYS
+    slack = None if few_keys and causal is not False else RESCALE_SLACK
     if hp <= 128:
         # Persistent when not causal: 1.06x / 1.06x / 1.00x / 1.01x at 1k / 2k / 8k /
         # 16k; causal 0.90-0.98x (module docstring).
@@ -830,6 +851,7 @@ def default_mosaic_config(
             persistent=causal is False,
             q_register_cols=Q_REGISTER_COLS,
             named_turns=NAMED_TURNS_DEFAULT,
+            rescale_slack=slack,
         )
     # Persistent when not causal up to 16384 keys: 1.01-1.05x at 1k-16k (docstring).
     short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS_256
@@ -842,6 +864,7 @@ def default_mosaic_config(
         persistent=persistent,
         q_register_cols=Q_REGISTER_COLS,
         named_turns=NAMED_TURNS_DEFAULT,
+        rescale_slack=slack,
     )
 
 
