@@ -133,7 +133,7 @@ VARIANT_BASE = "pallas_flash:mosaic"
 
 
 def config_overrides(items, classes: dict[str, type], context: str) -> dict[str, dict]:
-    """FIELD=VALUE items (VALUE true, false or an int) as replacements for the config
+    """FIELD=VALUE items (VALUE true, false, none or an int) as replacements for the config
     classes' fields, by the key each class has in `classes`: a field several classes
     have (`row_bound_mask`) is set in each; `context` starts the error a bad item raises."""
     fields = {which: {f.name for f in dataclasses.fields(cls)} for which, cls in classes.items()}
@@ -144,10 +144,12 @@ def config_overrides(items, classes: dict[str, type], context: str) -> dict[str,
         if not sep or not which:
             known = " or ".join(f"{cls.__name__} {sorted(fields[w])}" for w, cls in classes.items())
             raise ValueError(f"{context}: {item!r} is not FIELD=VALUE with a field of {known}")
-        if value not in ("true", "false") and not value.isdigit():
-            raise ValueError(f"{context}: {key}={value!r} is not true, false or an int")
+        if value not in ("true", "false", "none") and not value.isdigit():
+            raise ValueError(f"{context}: {key}={value!r} is not true, false, none or an int")
+        # none: an optional field unset (rescale_slack=none: the plain rescale)
+        parsed = {"true": True, "false": False, "none": None}
         for w in which:
-            overrides[w][key] = int(value) if value.isdigit() else value == "true"
+            overrides[w][key] = int(value) if value.isdigit() else parsed[value]
     return overrides
 
 

@@ -121,10 +121,13 @@ def bwd_candidates() -> list[configs.TritonBwdConfig]:
     return out
 
 
-def mosaic_fwd_candidates() -> list[configs.MosaicConfig]:
+def mosaic_fwd_candidates(head_dim: int) -> list[configs.MosaicConfig]:
     """The forward's space, less the combinations the config rejects (intra_overlap with
     rescale_before_turn or early_k_wait). As every default row, the ping-pong's turns on
-    named barriers wherever there is a ping-pong (NAMED_TURNS_DEFAULT)."""
+    named barriers wherever there is a ping-pong (NAMED_TURNS_DEFAULT), and the head
+    dim's conditional rescale (the long-key row's rescale_slack) wherever the schedule
+    takes one (not intra_overlap's)."""
+    slack = configs.default_mosaic_config(head_dim).rescale_slack
     out = []
     for c in itertools.product(*MOSAIC_FWD_SPACE.values()):
         fields = dict(zip(MOSAIC_FWD_SPACE, c))
@@ -132,7 +135,9 @@ def mosaic_fwd_candidates() -> list[configs.MosaicConfig]:
         try:
             out.append(
                 configs.MosaicConfig(
-                    **fields, named_turns=pingpong and mosaic_config.NAMED_TURNS_DEFAULT
+                    **fields,
+                    named_turns=pingpong and mosaic_config.NAMED_TURNS_DEFAULT,
+                    rescale_slack=None if fields["intra_overlap"] else slack,
                 )
             )
         except ValueError:
@@ -195,7 +200,9 @@ def mosaic_bwd_candidates(head_dim: int) -> list[configs.MosaicBwdConfig]:
 def candidates(family: str, pass_: str, head_dim: int) -> list:
     """A (family, pass)'s candidate configs at this head dim, unordered."""
     if family == "mosaic":
-        return mosaic_fwd_candidates() if pass_ == "fwd" else mosaic_bwd_candidates(head_dim)
+        return (
+            mosaic_fwd_candidates(head_dim) if pass_ == "fwd" else mosaic_bwd_candidates(head_dim)
+        )
     return fwd_candidates() if pass_ == "fwd" else bwd_candidates()
 
 

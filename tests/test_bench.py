@@ -686,8 +686,14 @@ def test_mosaic_config_variants_are_named_by_their_fields(monkeypatch):
         impls.lookup("pallas_flash:nope")
     with pytest.raises(ValueError, match="block_size=64"):
         impls.lookup("pallas_flash:mosaic/block_size=64")
-    with pytest.raises(ValueError, match="not true, false or an int"):
+    with pytest.raises(ValueError, match="not true, false, none or an int"):
         impls.lookup("pallas_flash:mosaic/fused=yes")
+    # none unsets an optional field: the head-dim-128 row without its conditional rescale
+    plain = impls.lookup("pallas_flash:mosaic/rescale_slack=none")
+    q128 = jnp.zeros((1, 4096, 2, 128), jnp.bfloat16)
+    plain.fn(q128, q128, q128, causal=False)
+    assert mosaic_config.default_mosaic_config(128, 4096, False).rescale_slack == 8
+    assert seen["config"].rescale_slack is None
     seen.clear()  # the forward default at the call's key length (causal: 128-key tiles up
     k = jnp.zeros((1, 4096, 2, 64), jnp.bfloat16)  # to 2048 keys)
     # (the default row's Q and dO in registers are the plain dQ kernel's: a fused variant

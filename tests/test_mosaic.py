@@ -116,13 +116,15 @@ def _references(case: Case, seed: int = 0):
 
 def _overlapped(config: MosaicConfig) -> MosaicConfig:
     """config with intra_overlap, a schedule of its own: without the early K wait, the
-    early rescale or the named-barrier turns that the default may have."""
+    early rescale, the named-barrier turns or the conditional rescale that the default
+    may have."""
     return dataclasses.replace(
         config,
         intra_overlap=True,
         early_k_wait=False,
         rescale_before_turn=False,
         named_turns=False,
+        rescale_slack=None,
     )
 
 
@@ -613,7 +615,7 @@ def test_config_validation():
     for slack in (-1.0, 64, True, "8"):
         with pytest.raises(ValueError, match="rescale_slack=.* None or a number from 0 to 64"):
             MosaicConfig(rescale_slack=slack)
-    with pytest.raises(ValueError, match="rescale_slack .* not with intra_overlap"):
+    with pytest.raises(ValueError, match="rescale_slack=.* not with intra_overlap"):
         MosaicConfig(rescale_slack=8.0, intra_overlap=True)
     for cols in (12, -8, 136):
         with pytest.raises(ValueError, match="poly_exp2_cols=.* multiple of 8 from 0 to block_kv"):
@@ -693,6 +695,7 @@ def test_compiled_kernel_lowers_for_hopper(
         q_register_cols=abs(q_cols),
         kv_multicast=q_cols < 0,
         named_turns=not overlap,  # the default's, where the schedule has turns to hand over
+        rescale_slack=None if overlap else default_mosaic_config(head_dim).rescale_slack,
     )
 
     def f(q, k, v, q_len, kv_len):

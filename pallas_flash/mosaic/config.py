@@ -393,7 +393,11 @@ class MosaicConfig:
         ):
             raise ValueError(f"{self.rescale_slack=} must be None or a number from 0 to 64")
         if slack is not None and self.intra_overlap:
-            raise ValueError("rescale_slack is the plain schedule's: not with intra_overlap")
+            raise ValueError(
+                f"rescale_slack={self.rescale_slack} is the plain schedule's: not with "
+                "intra_overlap (whose rescale sits elsewhere); pass rescale_slack=None "
+                "with intra_overlap=True (the default rows of head dims 128-256 set 8)"
+            )
         if self.poly_exp2_cols % 8 or not 0 <= self.poly_exp2_cols <= self.block_kv:
             raise ValueError(
                 f"{self.poly_exp2_cols=} must be a multiple of 8 from 0 to block_kv "
