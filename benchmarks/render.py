@@ -492,7 +492,8 @@ def config_label(c: dict) -> str:
     """A config in a cell. Triton: "128x64 w8 s3", or "dkv 64x64 dq 64x64 w4 s2".
     Mosaic: "64x128 s2" (block_q per warpgroup x block_kv, stages; "no-pingpong",
     "p-smem", "rescale-early", "k-wait-early", "overlap", "persistent", "one-way",
-    "row-mask", "named-turns", "named-releases", "o-regs", "q-early" where set), or
+    "row-mask", "named-turns", "named-releases", "o-regs", "q-early" where set, and
+    "slackN" with rescale_slack N), or
     "dkv 2x64 q64 s2 dq 2x64 kv64 s2" (warpgroups x their tile, the streamed tile,
     stages; "split" where dV and dK split the warpgroups; "ops-smem", "fused",
     "fa3-order", "row-mask", "step-desc", "query-rows", "dq-pingpong" where set)."""
@@ -501,6 +502,8 @@ def config_label(c: dict) -> str:
             "" if c.get("p_in_registers", True) else " p-smem"
         )
         flags += _flag_labels(c, _MOSAIC_FLAGS)
+        if c.get("rescale_slack") is not None:  # the conditional rescale's slack, base 2
+            flags += f" slack{c['rescale_slack']:g}"
         return f"{c['block_q']}x{c['block_kv']} s{c['num_stages']}{flags}"
     if "consumers_dkv" in c:
         tiles = 1 if c["split_dkv"] else c["consumers_dkv"]

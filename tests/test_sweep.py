@@ -264,6 +264,8 @@ def test_mosaic_forward_label_names_its_schedule_flags():
     assert render.config_label(named) == "64x128 s2 named-turns named-releases"
     early = dict(default, persistent=True, o_from_registers=True, early_q_load=True)
     assert render.config_label(early) == "64x128 s2 persistent o-regs q-early"
+    slack = dict(default, rescale_slack=8.0)
+    assert render.config_label(slack) == "64x128 s2 slack8"
     old_row = {k: v for k, v in default.items() if k != "early_k_wait"}  # before the flag
     assert render.config_label(old_row) == "64x128 s2"
 

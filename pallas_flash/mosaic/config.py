@@ -17,7 +17,9 @@ Default-config table (16-bit inputs; head dim padded up to a multiple of 64):
 (Shared memory as Mosaic GPU's lowering reports it, with P in registers; "bound":
 `smem_bytes`' upper bound, for rows not yet read off a lowering.) Every row holds Q's
 first 64 head-dim columns in registers (`q_register_cols=64`, since 19797c5's runs, see
-`Q_REGISTER_COLS` below).
+`Q_REGISTER_COLS` below). The rows of head dims 128-256 skip the running output's rescale
+where a warp's row maxima grew by less than 8 (`rescale_slack=8`, since ec465ad) but for
+causal calls of at most 1024 keys (see `RESCALE_SLACK` below).
 
 Evidence: the forward sweep on the H200 (`python -m benchmarks.sweep --family mosaic`,
 gpu_run.sh step `sweep-mosaic:HD:fwd`; B=2, T=S=8k, bf16; TFLOP/s non-causal / causal;
