@@ -138,11 +138,13 @@ for step in "$@"; do
     # PTXAS_HEAD_DIMS, PTXAS_CAUSAL pick them; PTXAS_SASS=1 also brings back each one's
     # SASS (one file each under $OUT/sass: mind the 8 files a call returns), counts
     # each kernel's spills by register budget (which warpgroup's code they sit in) and
-    # lists its loops' instruction mix (ptxas.sass_loops).
+    # lists its loops' instruction mix (ptxas.sass_loops); PTXAS_PTX=1 brings back each one's
+    # PTX (under $OUT/ptx, the same limit), which `python -m benchmarks.ptxas --assemble
+    # FILE` reassembles on the CPU machine.
     ptxas) timeout 500 python3 -m benchmarks.ptxas \
              --impls "${PTXAS_IMPLS:-pallas_flash:mosaic,pallas_flash:mosaic-fused}" \
              --head-dims "${PTXAS_HEAD_DIMS:-64,128}" --causal "${PTXAS_CAUSAL:-false,true}" \
-             ${PTXAS_SASS:+--sass "$OUT/sass"} --out "$OUT/ptxas.jsonl" ;;
+             ${PTXAS_SASS:+--sass "$OUT/sass"} ${PTXAS_PTX:+--ptx "$OUT/ptx"} --out "$OUT/ptxas.jsonl" ;;
     # Per-kernel time and registers where a mask costs time (segment ids, a boolean mask).
     profile-masks) timeout 590 python3 -m benchmarks.profile --suite masks \
              --masks none,segments:1,padding-full,mask-full --out "$OUT/profile-masks.jsonl" ;;

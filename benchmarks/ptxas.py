@@ -17,7 +17,12 @@ child's SASS and adds to each kernel its local loads and stores by register budg
 (`spill_regions`), its wgmmas and the groups they are issued in (`wgmma_groups`: one
 per instruction where ptxas serialized them) and its loops' instruction mix and stack
 traffic (`sass_loops`);
-`--read FILE.sass` prints those again from a kept file, on any machine. The SASS is Mosaic
+`--read FILE.sass` prints those again from a kept file, on any machine. With --ptx each
+child's PTX modules are kept as well (IMPL-hHD-CAUSAL.ptxdump), and `--assemble FILE`
+runs them through the ptxas found here (`cuda_tool`: CUDA 13.0's is on the development
+machines, no GPU needed) and prints the same report: registers, spills and serialized
+wgmmas (C7512) of a kernel that the CPU cannot lower as far as PTX, edited and
+reassembled in seconds rather than in a device call. The SASS is Mosaic
 GPU's own (MOSAIC_GPU_DUMP_SASS=1, which runs nvdisasm from the CUDA root it found) or,
 where that printed none (on the H200 machine at 336cd0b: no nvdisasm there), the
 kernels' PTX (MOSAIC_GPU_DUMP_PTX=1) assembled and disassembled here with the first
@@ -343,6 +348,43 @@ def sass_of_ptx(modules: list[str], gpu_name: str = "sm_90a") -> tuple[str, str]
     return "\n".join(parts), f"{tools['ptxas']} + {tools['nvdisasm']}"
 
 
+def assemble(modules: list[str], gpu_name: str = "sm_90a") -> list[dict]:
+    """ptxas's verbose report of each PTX module (-O3, as Mosaic GPU assembles), parsed
+    (parse_ptxas) into one row a kernel; a module ptxas rejects raises with its error."""
+    ptxas = cuda_tool("ptxas")
+    if ptxas is None:
+        raise FileNotFoundError("no ptxas on PATH, in the CUDA wheels or in Triton's tools")
+    kernels = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, module in enumerate(modules):
+            ptx, obj = os.path.join(tmp, f"k{i}.ptx"), os.path.join(tmp, f"k{i}.o")
+            with open(ptx, "w") as f:
+                f.write(module)
+            cmd = [ptxas, "-v", "--opt-level", "3", "--gpu-name", gpu_name, "-o", obj, ptx]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode:
+                raise RuntimeError(f"ptxas failed on module {i}: {proc.stderr[-500:]}")
+            kernels += parse_ptxas(proc.stdout + "\n" + proc.stderr)
+    return kernels
+
+
+def print_kernels(kernels: list[dict]) -> None:
+    for kern in kernels:
+        print(
+            f"  {kern['registers']} regs, spills {kern['spill_store_bytes']} B "
+            f"stored / {kern['spill_load_bytes']} B loaded, stack "
+            f"{kern['stack_bytes']} B: {kern['kernel'][:70]}",
+            flush=True,
+        )
+        for warning in kern["warnings"]:
+            print(f"    {warning[:160]}", flush=True)
+        if kern.get("spill_regions"):
+            print(f"    local memory by budget: {kern['spill_regions']}", flush=True)
+        if kern.get("wgmma_groups"):
+            print(f"    wgmmas: {kern['wgmma_groups']}", flush=True)
+        print_steps(kern.get("loops"))
+
+
 def child(impl_name: str, head_dim: int, causal: bool) -> None:
     import jax
 
@@ -376,10 +418,32 @@ def main(argv=None) -> int:
         help="no compiling (no GPU needed): read a SASS file that --sass wrote and print "
         "its spills by register budget and its steps",
     )
+    parser.add_argument(
+        "--ptx",
+        default=None,
+        help="folder: also keep each child's PTX modules there (IMPL-hHD-CAUSAL.ptxdump)",
+    )
+    parser.add_argument(
+        "--assemble",
+        default=None,
+        metavar="PTXDUMP",
+        help="no compiling (no GPU needed): assemble the PTX modules of a file that --ptx "
+        "wrote (or any PTX from LLVM's NVPTX back end) with the ptxas found here, and print "
+        "each kernel's registers, spills and serialized-wgmma warnings",
+    )
     parser.add_argument("--child", nargs=3, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.read:
         read(args.read)
+        return 0
+    if args.assemble:
+        with open(args.assemble) as f:
+            modules = ptx_modules(f.read())
+        if not modules:
+            parser.error(
+                f"--assemble {args.assemble}: no PTX module (an NVPTX banner and an .entry)"
+            )
+        print_kernels(assemble(modules))
         return 0
     if args.child:
         impl, head_dim, causal = args.child
@@ -389,6 +453,9 @@ def main(argv=None) -> int:
     if args.sass:
         env.update(MOSAIC_GPU_DUMP_SASS="1", MOSAIC_GPU_DUMP_PTX="1")
         os.makedirs(args.sass, exist_ok=True)
+    if args.ptx:
+        env.update(MOSAIC_GPU_DUMP_PTX="1")
+        os.makedirs(args.ptx, exist_ok=True)
     for impl in args.impls.split(","):
         for head_dim in map(int, args.head_dims.split(",")):
             for causal in args.causal.split(","):
@@ -400,8 +467,13 @@ def main(argv=None) -> int:
                         cmd, capture_output=True, text=True, env=env, timeout=args.timeout
                     )
                     row["kernels"] = parse_ptxas(proc.stdout + "\n" + proc.stderr)
+                    name = re.sub(r"[^\w.-]+", "_", f"{impl}-h{head_dim}-{causal}")
+                    if args.ptx:
+                        modules = ptx_modules(proc.stdout)
+                        row["ptx_modules"] = len(modules)
+                        with open(os.path.join(args.ptx, name + ".ptxdump"), "w") as f:
+                            f.write("".join(modules))
                     if args.sass:
-                        name = re.sub(r"[^\w.-]+", "_", f"{impl}-h{head_dim}-{causal}")
                         sass, row["sass_source"] = proc.stdout, "Mosaic GPU"
                         if not _sass_functions(sass):  # its nvdisasm did not run
                             sass, row["sass_source"] = sass_of_ptx(ptx_modules(proc.stdout))
@@ -424,20 +496,7 @@ def main(argv=None) -> int:
                 print(f"== {impl} h{head_dim} causal={causal} {row['error'] or ''}", flush=True)
                 if "sass_source" in row:
                     print(f"  SASS from: {row['sass_source']}", flush=True)
-                for kern in row["kernels"]:
-                    print(
-                        f"  {kern['registers']} regs, spills {kern['spill_store_bytes']} B "
-                        f"stored / {kern['spill_load_bytes']} B loaded, stack "
-                        f"{kern['stack_bytes']} B: {kern['kernel'][:70]}",
-                        flush=True,
-                    )
-                    for warning in kern["warnings"]:
-                        print(f"    {warning[:160]}", flush=True)
-                    if kern.get("spill_regions"):
-                        print(f"    local memory by budget: {kern['spill_regions']}", flush=True)
-                    if kern.get("wgmma_groups"):
-                        print(f"    wgmmas: {kern['wgmma_groups']}", flush=True)
-                    print_steps(kern.get("loops"))
+                print_kernels(row["kernels"])
                 if args.out:
                     with open(args.out, "a") as f:
                         f.write(json.dumps(row) + "\n")
