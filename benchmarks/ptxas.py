@@ -321,6 +321,15 @@ def cuda_tool(name: str) -> str | None:
     return None
 
 
+def _written(modules: list[str], folder: str):
+    """Each PTX module written to FOLDER/k{i}.ptx: (i, that path, its object file's path)."""
+    for i, module in enumerate(modules):
+        ptx, obj = os.path.join(folder, f"k{i}.ptx"), os.path.join(folder, f"k{i}.o")
+        with open(ptx, "w") as f:
+            f.write(module)
+        yield i, ptx, obj
+
+
 def sass_of_ptx(modules: list[str], gpu_name: str = "sm_90a") -> tuple[str, str]:
     """(SASS, where it came from) of PTX modules: each assembled by ptxas (-O3, as Mosaic
     GPU does) and disassembled by nvdisasm (-c: code only). SASS is empty and the note
@@ -332,10 +341,7 @@ def sass_of_ptx(modules: list[str], gpu_name: str = "sm_90a") -> tuple[str, str]
         return "", f"not found: {', '.join(missing)}"
     parts = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, module in enumerate(modules):
-            ptx, obj = os.path.join(tmp, f"k{i}.ptx"), os.path.join(tmp, f"k{i}.o")
-            with open(ptx, "w") as f:
-                f.write(module)
+        for _, ptx, obj in _written(modules, tmp):
             steps = [
                 [tools["ptxas"], "--opt-level", "3", "--gpu-name", gpu_name, "-o", obj, ptx],
                 [tools["nvdisasm"], "-ndf", "-c", obj],
@@ -356,10 +362,7 @@ def assemble(modules: list[str], gpu_name: str = "sm_90a") -> list[dict]:
         raise FileNotFoundError("no ptxas on PATH, in the CUDA wheels or in Triton's tools")
     kernels = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, module in enumerate(modules):
-            ptx, obj = os.path.join(tmp, f"k{i}.ptx"), os.path.join(tmp, f"k{i}.o")
-            with open(ptx, "w") as f:
-                f.write(module)
+        for i, ptx, obj in _written(modules, tmp):
             cmd = [ptxas, "-v", "--opt-level", "3", "--gpu-name", gpu_name, "-o", obj, ptx]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode:
