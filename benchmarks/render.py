@@ -493,7 +493,7 @@ def config_label(c: dict) -> str:
     Mosaic: "64x128 s2" (block_q per warpgroup x block_kv, stages; "no-pingpong",
     "p-smem", "rescale-early", "k-wait-early", "overlap", "persistent", "one-way",
     "row-mask", "named-turns", "named-releases", "o-regs", "q-early" where set, and
-    "slackN" with rescale_slack N), or
+    "slackN" with rescale_slack N, "3wg" with three consumers), or
     "dkv 2x64 q64 s2 dq 2x64 kv64 s2" (warpgroups x their tile, the streamed tile,
     stages; "split" where dV and dK split the warpgroups; "ops-smem", "fused",
     "fa3-order", "row-mask", "step-desc", "query-rows", "dq-pingpong" where set)."""
@@ -504,6 +504,8 @@ def config_label(c: dict) -> str:
         flags += _flag_labels(c, _MOSAIC_FLAGS)
         if c.get("rescale_slack") is not None:  # the conditional rescale's slack, base 2
             flags += f" slack{c['rescale_slack']:g}"
+        if c.get("consumers", 2) != 2:  # consumer warpgroups a CTA
+            flags += f" {c['consumers']}wg"
         return f"{c['block_q']}x{c['block_kv']} s{c['num_stages']}{flags}"
     if "consumers_dkv" in c:
         tiles = 1 if c["split_dkv"] else c["consumers_dkv"]

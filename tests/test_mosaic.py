@@ -10,6 +10,7 @@ on the H200, P from registers and from shared memory, over more and larger shape
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 
@@ -25,6 +26,7 @@ from pallas_flash.configs import TritonBwdConfig, TritonConfig
 from pallas_flash.logits import Logits
 from pallas_flash.mosaic import forward as mosaic_forward
 from pallas_flash.mosaic.config import (
+    WARPGROUP_THREADS,
     MosaicBwdConfig,
     MosaicConfig,
     default_mosaic_config,
@@ -544,6 +546,110 @@ def test_rescale_slack_lowers_for_hopper():
     assert (votes, votes8) == (0, 3) and switches8 == switches + 3 and muls8 == muls
 
 
+# Three consumer warpgroups (MosaicConfig.consumers=3): in interpret mode without the
+# ping-pong (its turns go round on named barriers only), each consumer on its own rows.
+@pytest.mark.parametrize(
+    "case,persistent",
+    [
+        (INTERPRET_CASES[4], False),
+        pytest.param(INTERPRET_CASES[0], False, marks=pytest.mark.extended),
+        pytest.param(INTERPRET_CASES[2], False, marks=pytest.mark.extended),
+        pytest.param(INTERPRET_CASES[5], True, marks=pytest.mark.extended),
+        pytest.param(INTERPRET_CASES[3], True, marks=pytest.mark.extended),
+    ],
+    ids=lambda x: x.id if isinstance(x, Case) else ("persistent" if x else "grid"),
+)
+def test_interpret_three_consumers_match_reference(case, persistent):
+    config = dataclasses.replace(SMALL, consumers=3, named_turns=True, persistent=persistent)
+    _compare(case, config, interpret=True, seed=7)
+
+
+def _turn_order(consumers: int, steps: int, items: int) -> list[tuple[int, int, int]]:
+    """PingPong's named-barrier turns, driven by one thread a consumer through `items`
+    work items of `steps` steps each, as the forward's body calls them (start; per step:
+    issue Q K^T, meet, the softmax, my_turn, P V; end), against a model of the SM's
+    named barriers: `bar.arrive` counts its warpgroup's 128 threads and goes on,
+    `bar.sync` counts them and waits until the barrier's count is reached, which
+    completes that instance and starts the next. Returns the (item, step, consumer) of
+    each Q K^T issue in the order issued; a deadlock fails (a sync waits 10 s)."""
+    import threading
+
+    cv, count, done = threading.Condition(), collections.Counter(), collections.Counter()
+    order, errors = [], []
+
+    def named_barrier(op, barrier, threads):
+        barrier = int(barrier)
+        with cv:
+            count[barrier] += WARPGROUP_THREADS
+            instance = done[barrier]
+            if count[barrier] == threads:
+                count[barrier], done[barrier] = 0, instance + 1
+                cv.notify_all()
+            elif op == "sync" and not cv.wait_for(lambda: done[barrier] > instance, 10):
+                raise TimeoutError(f"consumer waits forever on named barrier {barrier}")
+
+    def consumer(w):
+        pingpong = mosaic_forward.PingPong(object(), w, named=True, consumers=consumers)
+        try:
+            for item in range(items):
+                pingpong.start()
+                for j in range(steps):
+                    with cv:
+                        order.append((item, j, w))  # Q K^T of step j is issued
+                    pingpong.meet()
+                    pingpong.my_turn()  # then P V of step j (and the next Q K^T)
+                pingpong.end()
+        except TimeoutError as e:
+            errors.append(e)
+
+    real = mosaic_forward.named_barrier
+    mosaic_forward.named_barrier = named_barrier
+    try:
+        threads = [threading.Thread(target=consumer, args=(w,)) for w in range(consumers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        mosaic_forward.named_barrier = real
+    assert not errors, errors
+    assert not any(count.values()), f"arrivals left on the barriers: {dict(count)}"
+    return order
+
+
+@pytest.mark.parametrize("consumers", [2, 3])
+def test_named_turns_go_round_the_consumers(consumers):
+    """The forward's ping-pong on named barriers, two or three consumers, a persistent
+    CTA's several items: nobody waits forever, no arrival is left over, and within an
+    item the Q K^T issues go round the consumers in order, step by step (a consumer's
+    next turn needs the one before it to have issued)."""
+    steps, items = 4, 3
+    order = _turn_order(consumers, steps, items)
+    for item in range(items):
+        got = [(j, w) for i, j, w in order if i == item]
+        assert got == [(j, w) for j in range(steps) for w in range(consumers)]
+
+
+def test_three_consumers_lower_for_hopper():
+    """consumers=3 lowered for sm_90 (head dim 64's row with 128-key tiles): four
+    warpgroups (512 threads), the producer down to 32 registers and the consumers up to
+    160, and the turns' named barriers on the third consumer's too."""
+    from benchmarks import lowered_ops
+
+    texts = []
+    for n in (2, 3):
+        row = dataclasses.replace(default_mosaic_config(64, 4096, False), block_kv=128)
+        config = dataclasses.replace(row, consumers=n)
+        (module,) = lowered_ops.forward_modules(config, masks.MaskSpec(), 64, 4096)
+        texts.append(lowered_ops.module_text(module))
+    two, three = texts
+    assert "threads(%arg5, %arg6, %arg7) in (%arg11 = %c384" in two
+    assert "threads(%arg5, %arg6, %arg7) in (%arg11 = %c512" in three
+    assert "setmaxnreg.inc.sync.aligned.u32 160;" in three
+    assert "setmaxnreg.dec.sync.aligned.u32 32;" in three
+    assert "setmaxnreg.inc.sync.aligned.u32 232;" in two
+
+
 def test_poly_exp2_lowers_for_hopper():
     """poly_exp2_cols lowered for sm_90 (head dim 64's default row, 256-key tiles, three
     tile loops): each consumer thread's exp2 of a tile are 64 x 256 / 128 = 128, of which
@@ -620,6 +726,22 @@ def test_config_validation():
     for cols in (12, -8, 136):
         with pytest.raises(ValueError, match="poly_exp2_cols=.* multiple of 8 from 0 to block_kv"):
             MosaicConfig(block_kv=128, poly_exp2_cols=cols)
+    for n in (1, 4):
+        with pytest.raises(ValueError, match="consumers=.* must be 2 or 3"):
+            MosaicConfig(consumers=n)
+    three = dict(consumers=3, named_turns=True)
+    for flags in (
+        dict(named_turns=False),  # the mbarrier rendezvous is for two
+        dict(named_releases=True),
+        dict(kv_multicast=True),
+        dict(intra_overlap=True, named_turns=False, schedule_barrier=False),
+    ):
+        with pytest.raises(ValueError, match="consumers=3 .* needs named_turns"):
+            MosaicConfig(**{**three, **flags})
+    MosaicConfig(consumers=3, schedule_barrier=False)  # no ping-pong: no turns to hand over
+    # a third consumer's Q, lse and barrier: the estimate grows by one warpgroup's share
+    two, three_row = MosaicConfig(block_kv=128), MosaicConfig(block_kv=128, **three)
+    assert three_row.smem_bytes(64) - two.smem_bytes(64) == 64 * 64 * 2 + 64 * 4 + 8
     q = jnp.ones((1, 8, 1, 256), BF16)
     lens = jnp.full((1,), 8, jnp.int32)
     too_big = MosaicConfig(block_kv=256, num_stages=2)
@@ -1015,6 +1137,19 @@ def test_gpu_rescale_slack_matches_reference(case, slack):
     """rescale_slack compiled on the call's default row: whole warps skip the rescale."""
     row = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
     config = dataclasses.replace(row, rescale_slack=slack)
+    _compare(case, config, interpret=False, seed=seed_of(case))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "case", [c for c in GPU_CASES if padded_head_dim(c.head_dim) <= 128], ids=lambda c: c.id
+)
+def test_gpu_three_consumers_match_reference(case):
+    """consumers=3 compiled on the call's default row with at most 128-key tiles (a
+    wider score tile does not fit 160 registers beside head dim 64's accumulator):
+    the turns go round three consumers on named barriers."""
+    row = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
+    config = dataclasses.replace(row, consumers=3, block_kv=min(row.block_kv, 128))
     _compare(case, config, interpret=False, seed=seed_of(case))
 
 

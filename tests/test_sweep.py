@@ -266,6 +266,7 @@ def test_mosaic_forward_label_names_its_schedule_flags():
     assert render.config_label(early) == "64x128 s2 persistent o-regs q-early"
     slack = dict(default, rescale_slack=8.0)
     assert render.config_label(slack) == "64x128 s2 slack8"
+    assert render.config_label(dict(slack, consumers=3)) == "64x128 s2 slack8 3wg"
     old_row = {k: v for k, v in default.items() if k != "early_k_wait"}  # before the flag
     assert render.config_label(old_row) == "64x128 s2"
 

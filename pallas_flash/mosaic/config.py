@@ -180,6 +180,10 @@ NUM_CONSUMERS = 2
 # the register file of one SM.
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
+# The forward with three consumer warpgroups (MosaicConfig.consumers=3): 128 * 32 +
+# 384 * 160 = 65536 (FlashAttention-3's budgets for three).
+THREE_PRODUCER_REGISTERS = 32
+THREE_CONSUMER_REGISTERS = 160
 # A kernel with one consumer warpgroup (the dQ kernel at head dims 192-256) could give it
 # the most setmaxnreg allows: 128 * 40 + 128 * 256 <= 65536 (MosaicBwdConfig.solo_dq_registers).
 SOLO_CONSUMER_REGISTERS = 256
@@ -367,6 +371,16 @@ class MosaicConfig:
       max's selects. Default 8 at head dims above 64 since 02c64a5, except causal calls
       of at most 1024 keys (RESCALE_SLACK and default_mosaic_config below, with the
       evidence).
+    consumers: consumer warpgroups a CTA (2 or 3), each on its own block_q rows, beside
+      the producer. Three is FlashAttention-3's choice at head dim 64 (192 x 128 or
+      192 x 192 tiles): a third softmax in flight where the softmax, not the tensor
+      cores, sets the pace (our head-dim-64 forward runs at 0.69 of the dense matmul
+      rate, head dim 128's at 0.90). The ping-pong then goes round the three, each
+      handing its turn to the next on a named barrier (named_turns, or no ping-pong),
+      and each consumer gets 160 registers (THREE_CONSUMER_REGISTERS) where two get 232:
+      a 64 x 128 score tile fits beside head dim 64's accumulator, a 256-key one does
+      not. Not with intra_overlap, named_releases or kv_multicast (each built for two).
+      Checked in GPU interpret mode and lowered for sm_90 on CPU; not yet compiled.
     """
 
     block_q: int = 64
@@ -387,8 +401,22 @@ class MosaicConfig:
     early_q_load: bool = False
     poly_exp2_cols: int = 0
     rescale_slack: float | None = None
+    consumers: int = NUM_CONSUMERS
 
     def __post_init__(self):
+        if self.consumers not in (2, 3):
+            raise ValueError(f"{self.consumers=} must be 2 or 3 (consumer warpgroups a CTA)")
+        if self.consumers == 3 and (
+            self.intra_overlap
+            or self.named_releases
+            or self.kv_multicast
+            or (self.schedule_barrier and not self.named_turns)
+        ):
+            raise ValueError(
+                "consumers=3 hands the ping-pong's turns round on named barriers: it needs "
+                "named_turns (or schedule_barrier=False), and not intra_overlap, "
+                "named_releases or kv_multicast (each built for two consumers)"
+            )
         slack = self.rescale_slack
         if slack is not None and (
             isinstance(slack, bool) or not isinstance(slack, (int, float)) or not 0 <= slack < 64
@@ -460,13 +488,14 @@ class MosaicConfig:
         return self._smem_bytes(head_dim, itemsize, self.o_buffer(head_dim, itemsize))
 
     def _smem_bytes(self, head_dim: int, itemsize: int, o_buffer: bool) -> int:
-        q_o = NUM_CONSUMERS * self.block_q * head_dim * itemsize * (2 if o_buffer else 1)
+        n = self.consumers
+        q_o = n * self.block_q * head_dim * itemsize * (2 if o_buffer else 1)
         kv = 2 * self.num_stages * self.block_kv * head_dim * itemsize
-        p_tile = NUM_CONSUMERS * self.block_q * self.block_kv * itemsize
+        p_tile = n * self.block_q * self.block_kv * itemsize
         # P staged in shared memory: two buffers when the next softmax overlaps a P V.
         p = 0 if self.p_in_registers else p_tile * (2 if self.intra_overlap else 1)
-        lse = NUM_CONSUMERS * self.block_q * 4
-        barriers = 8 * (4 * self.num_stages + NUM_CONSUMERS + 1)
+        lse = n * self.block_q * 4
+        barriers = 8 * (4 * self.num_stages + n + 1)
         return q_o + kv + p + lse + barriers + _MOSAIC_OVERHEAD
 
 

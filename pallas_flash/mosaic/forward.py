@@ -10,7 +10,9 @@ and unnormalised output `acc` in float32 registers. The schedule is FlashAttenti
   The two consumers (warpgroups 0 and 1) each own `block_q` query rows, whose Q tile
   stays in shared memory, and run Q K^T and P V as wgmma. Per slot and tensor, a
   "ready" barrier (completed by the TMA's byte count) says the tile has landed, and a
-  "free" barrier (one arrival per consumer) says the producer may overwrite it.
+  "free" barrier (one arrival per consumer) says the producer may overwrite it. With
+  `MosaicConfig.consumers=3` (FA3's choice at head dim 64) there are three consumers
+  (warpgroups 0-2, 160 registers each) and the producer is warpgroup 3.
 * Ping-pong scheduling. A barrier between the two consumers makes them take turns at
   the tensor cores, so that one's softmax overlaps the other's matmuls.
 * Intra-warpgroup pipelining (`MosaicConfig.intra_overlap`, off: slower on the H200): a
@@ -23,7 +25,7 @@ The kernel returns O and the logsumexp in natural-log units (float32), -inf on r
 that see no key, the contract of triton/forward.py, so the Triton backward can use it.
 
 Masking. Both consumers of a CTA walk the same key/value tiles: those that
-`masks.kv_tile_range` gives for the CTA's 2 * block_q rows. Skipped tiles (above the
+`masks.kv_tile_range` gives for the CTA's consumers * block_q rows. Skipped tiles (above the
 causal diagonal, outside a local window, past kv_len) are never loaded; tiles every row
 sees in full run unmasked; boundary tiles apply `masks.tile_mask`. Walking the CTA's
 range rather than each warpgroup's own costs at most one extra masked tile per
@@ -72,12 +74,13 @@ from pallas_flash.mosaic.config import (
     PRODUCER_REGISTERS,
     SMEM_BYTES,
     SWIZZLE,
+    THREE_CONSUMER_REGISTERS,
+    THREE_PRODUCER_REGISTERS,
     WARPGROUP_THREADS,
     MosaicConfig,
     padded_head_dim,
 )
 
-_PRODUCER = NUM_CONSUMERS  # the producer is the last warpgroup
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
@@ -403,15 +406,33 @@ class PingPong:
     follows its own next sync, which needs the other's arrival after that sync); the
     sync at the end keeps it so across a persistent CTA's items, where an arrival there
     could meet the next item's first before consumer 1 took its last turn.
+
+    Three consumers (MosaicConfig.consumers=3, named turns only): the turns go round,
+    consumer w arriving on consumer w + 1's barrier (mod 3) after issuing its products;
+    consumers 1 and 2 sync once before their first step, and after their last consumers
+    0 and 1 sync on the next one's barrier, taking up its last turn as consumer 0 does
+    with two. Per work item each barrier of consumer w >= 1 then completes once per
+    step plus once: its start sync with the first arrival, each later arrival with the
+    sync before the next step, and the last sync with the end sync.
     """
 
-    def __init__(self, turns, wg, named: bool = False):
+    def __init__(self, turns, wg, named: bool = False, consumers: int = NUM_CONSUMERS):
         self.turns, self.wg = turns, wg  # wg: the consumer's index, static or traced
         self.named = named and turns is not None
+        self.consumers = consumers
+        if consumers != 2 and turns is not None and not named:
+            raise ValueError("the mbarrier ping-pong is a rendezvous of two consumers")
+
+    def _next(self):  # the barrier of the consumer whose turn follows ours
+        if self.consumers == 2:
+            return NAMED_TURNS + 1 - self.wg
+        if isinstance(self.wg, int):
+            return NAMED_TURNS + (self.wg + 1) % self.consumers
+        return NAMED_TURNS + lax.rem(self.wg + 1, self.consumers)
 
     def meet(self):
         if self.named:
-            named_barrier("arrive", NAMED_TURNS + 1 - self.wg, 2 * WARPGROUP_THREADS)
+            named_barrier("arrive", self._next(), 2 * WARPGROUP_THREADS)
         elif self.turns is not None:
             plgpu.barrier_arrive(self.turns)
             plgpu.barrier_wait(self.turns)
@@ -426,23 +447,33 @@ class PingPong:
         elif self.turns is not None:
             plgpu.barrier_wait(self.turns)
 
-    def start(self):  # before the first step: consumer 1's first turn
-        self._on(1, self.my_turn if self.named else self.meet)
+    def start(self):  # before the first step: consumer 1's first turn (and 2's)
+        if self.consumers == 2:
+            self._on(1, self.my_turn if self.named else self.meet)
+        else:
+            self._if(lambda wg: wg != 0, self.my_turn)
 
     def end(self):  # after the last: consumer 0 waits out consumer 1's last turn
-        if self.named:
+        if self.consumers != 2:  # (and consumer 1 consumer 2's)
+            last = self.consumers - 1
+            sync_next = lambda: named_barrier("sync", self._next(), 2 * WARPGROUP_THREADS)  # noqa: E731
+            self._if(lambda wg: wg != last, sync_next)
+        elif self.named:
             self._on(0, lambda: named_barrier("sync", NAMED_TURNS + 1, 2 * WARPGROUP_THREADS))
         else:
             self._on(0, self.meet)
 
     def _on(self, wg: int, fn):  # fn() if this is consumer `wg`
+        self._if(lambda w: w == wg, fn)
+
+    def _if(self, pred, fn):  # fn() if pred(this consumer's index), with a ping-pong
         if self.turns is None:
             return
         if isinstance(self.wg, int):
-            if self.wg == wg:
+            if pred(self.wg):
                 fn()
         else:
-            pl.when(self.wg == wg)(fn)
+            pl.when(pred(self.wg))(fn)
 
 
 def named_barrier(op: str, barrier, threads: int) -> None:
@@ -656,9 +687,17 @@ def _kernel(
             return fn(0, 0)
         return lax.fori_loop(0, item_count(), fn, jnp.int32(0))
 
-    @pl.when(wg == _PRODUCER)
+    consumers = config.consumers
+    producer = consumers  # the producer is the last warpgroup
+    producer_regs, consumer_regs = (
+        (PRODUCER_REGISTERS, CONSUMER_REGISTERS)
+        if consumers == 2
+        else (THREE_PRODUCER_REGISTERS, THREE_CONSUMER_REGISTERS)
+    )
+
+    @pl.when(wg == producer)
     def _producer():
-        plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+        plgpu.set_max_registers(producer_regs, action="decrease")
 
         def produce(i, base):
             b, h, tile = item_at(i)
@@ -678,13 +717,13 @@ def _kernel(
 
         drain_ring((k_free, v_free), run_items(produce), stages)
 
-    @pl.when(wg < _PRODUCER)
+    @pl.when(wg < producer)
     def _consumer():
-        plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+        plgpu.set_max_registers(consumer_regs, action="increase")
 
         def load_q(i):  # item i's Q rows of this consumer (and their segment ids)
             b, h, tile = item_at(i)
-            q0 = (tile * NUM_CONSUMERS + wg) * block_q
+            q0 = (tile * consumers + wg) * block_q
             plgpu.copy_gmem_to_smem(
                 q_ref.at[b, pl.ds(q0, block_q), h], qo_smem.at[wg], q_ready.at[wg]
             )
@@ -703,7 +742,7 @@ def _kernel(
             def slot_of(j):  # key tile j is at ring position base + j - lo
                 return lax.rem(base + j - lo, jnp.int32(stages))
 
-            q0 = (tile * NUM_CONSUMERS + wg) * block_q
+            q0 = (tile * consumers + wg) * block_q
             q_smem = qo_smem.at[wg]
             # O goes out through Q's buffer, or (persistent) one of its own, so that the
             # next item's Q can load while this O is stored.
@@ -722,7 +761,7 @@ def _kernel(
                 slack=config.rescale_slack,
             )
 
-            pingpong = PingPong(turns, wg, named=config.named_turns)
+            pingpong = PingPong(turns, wg, named=config.named_turns, consumers=consumers)
 
             def wait_next_k(j):  # early_k_wait: K of tile j + 1, while tile j's P V runs
                 @pl.when(j + 1 < hi)
@@ -1080,8 +1119,14 @@ def forward(
     if interpret is not False:  # the interpreter's wgmma reads A from shared memory only
         # (nor does it run inline PTX: the turns take the mbarrier there; they order work,
         # not data, so the numbers are the same)
+        # Three consumers' turns go round on named barriers alone: there, no ping-pong.
         config = dataclasses.replace(
-            config, p_in_registers=False, q_register_cols=0, named_turns=False, named_releases=False
+            config,
+            p_in_registers=False,
+            q_register_cols=0,
+            named_turns=False,
+            named_releases=False,
+            schedule_barrier=config.schedule_barrier and config.consumers == 2,
         )
     hp = padded_head_dim(H)
     if config.q_register_cols > hp:
@@ -1099,7 +1144,8 @@ def forward(
             f"{hp}, more than the {SMEM_BYTES} of a Hopper SM: lower block_kv or num_stages"
         )
 
-    rows = NUM_CONSUMERS * config.block_q  # query rows per CTA
+    consumers = config.consumers
+    rows = consumers * config.block_q  # query rows per CTA
     # The key tiles are walked per range row: a CTA's rows, or a cluster's (kv_multicast).
     range_rows = rows * (2 if config.kv_multicast else 1)
     t_pad = -(-T // range_rows) * range_rows
@@ -1124,14 +1170,14 @@ def forward(
     stages = config.num_stages
     free_barrier, cluster = pair_cluster(config.kv_multicast)
     scratch = dict(
-        qo_smem=plgpu.SMEM((NUM_CONSUMERS, config.block_q, hp), q.dtype, transforms=transforms),
+        qo_smem=plgpu.SMEM((consumers, config.block_q, hp), q.dtype, transforms=transforms),
         k_smem=plgpu.SMEM((stages, config.block_kv, hp), q.dtype, transforms=transforms),
         v_smem=plgpu.SMEM((stages, config.block_kv, hp), q.dtype, transforms=transforms),
         p_smem=None
         if config.p_in_registers
         else plgpu.SMEM(
             (
-                NUM_CONSUMERS,
+                consumers,
                 *((2,) if config.intra_overlap else ()),
                 config.block_q,
                 config.block_kv,
@@ -1139,17 +1185,17 @@ def forward(
             q.dtype,
             transforms=transforms,
         ),
-        lse_smem=plgpu.SMEM((NUM_CONSUMERS, config.block_q), jnp.float32),
-        q_seg_smem=plgpu.SMEM((NUM_CONSUMERS, config.block_q), jnp.int32) if seg_inputs else None,
+        lse_smem=plgpu.SMEM((consumers, config.block_q), jnp.float32),
+        q_seg_smem=plgpu.SMEM((consumers, config.block_q), jnp.int32) if seg_inputs else None,
         kv_seg_smem=plgpu.SMEM((stages, config.block_kv), jnp.int32) if seg_inputs else None,
         # With segment ids, their copies complete the Q and K barriers too.
-        q_ready=plgpu.Barrier(num_arrivals=1 + bool(seg_inputs), num_barriers=NUM_CONSUMERS),
+        q_ready=plgpu.Barrier(num_arrivals=1 + bool(seg_inputs), num_barriers=consumers),
         k_ready=plgpu.Barrier(num_arrivals=1 + bool(seg_inputs), num_barriers=stages),
         v_ready=plgpu.Barrier(num_barriers=stages),
-        k_free=free_barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
-        v_free=free_barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
-        turns=plgpu.Barrier(num_arrivals=NUM_CONSUMERS) if config.schedule_barrier else None,
-        o_smem=plgpu.SMEM((NUM_CONSUMERS, config.block_q, hp), q.dtype, transforms=transforms)
+        k_free=free_barrier(num_arrivals=consumers, num_barriers=stages),
+        v_free=free_barrier(num_arrivals=consumers, num_barriers=stages),
+        turns=plgpu.Barrier(num_arrivals=consumers) if config.schedule_barrier else None,
+        o_smem=plgpu.SMEM((consumers, config.block_q, hp), q.dtype, transforms=transforms)
         if config.o_buffer(hp, q.dtype.itemsize)
         else None,
     )
@@ -1183,7 +1229,7 @@ def forward(
         scratch_types=scratch,
         grid=grid,
         grid_names=grid_names,
-        num_threads=NUM_CONSUMERS + 1,
+        num_threads=consumers + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=None if interpret is False else interpret,
