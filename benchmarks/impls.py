@@ -132,6 +132,11 @@ IMPLS: dict[str, Impl] = {
 VARIANT_BASE = "pallas_flash:mosaic"
 
 
+# A variant's word values; none unsets an optional field (rescale_slack=none: the plain
+# rescale).
+_WORDS = {"true": True, "false": False, "none": None}
+
+
 def config_overrides(items, classes: dict[str, type], context: str) -> dict[str, dict]:
     """FIELD=VALUE items (VALUE true, false, none or an int) as replacements for the config
     classes' fields, by the key each class has in `classes`: a field several classes
@@ -144,12 +149,10 @@ def config_overrides(items, classes: dict[str, type], context: str) -> dict[str,
         if not sep or not which:
             known = " or ".join(f"{cls.__name__} {sorted(fields[w])}" for w, cls in classes.items())
             raise ValueError(f"{context}: {item!r} is not FIELD=VALUE with a field of {known}")
-        if value not in ("true", "false", "none") and not value.isdigit():
+        if value not in _WORDS and not value.isdigit():
             raise ValueError(f"{context}: {key}={value!r} is not true, false, none or an int")
-        # none: an optional field unset (rescale_slack=none: the plain rescale)
-        parsed = {"true": True, "false": False, "none": None}
         for w in which:
-            overrides[w][key] = int(value) if value.isdigit() else parsed[value]
+            overrides[w][key] = int(value) if value.isdigit() else _WORDS[value]
     return overrides
 
 

@@ -287,7 +287,7 @@ def forward_ops(config: MosaicConfig, spec: masks.MaskSpec, head_dim: int, seq: 
 
 
 def parse_fields(items: list[str], cls: type = MosaicConfig) -> dict:
-    """FIELD=VALUE pairs (true / false / an int) of `cls`, as the bench's config
+    """FIELD=VALUE pairs (true / false / none / an int) of `cls`, as the bench's config
     variants take them (impls.config_overrides)."""
     return config_overrides(items, {"config": cls}, "--set")["config"]
 

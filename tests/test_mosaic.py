@@ -564,7 +564,7 @@ def test_interpret_three_consumers_match_reference(case, persistent):
     _compare(case, config, interpret=True, seed=7)
 
 
-def _turn_order(consumers: int, steps: int, items: int) -> list[tuple[int, int, int]]:
+def _turn_order(consumers: int, steps: int, items: int, monkeypatch) -> list[tuple[int, int, int]]:
     """PingPong's named-barrier turns, driven by one thread a consumer through `items`
     work items of `steps` steps each, as the forward's body calls them (start; per step:
     issue Q K^T, meet, the softmax, my_turn, P V; end), against a model of the SM's
@@ -602,29 +602,25 @@ def _turn_order(consumers: int, steps: int, items: int) -> list[tuple[int, int, 
         except TimeoutError as e:
             errors.append(e)
 
-    real = mosaic_forward.named_barrier
-    mosaic_forward.named_barrier = named_barrier
-    try:
-        threads = [threading.Thread(target=consumer, args=(w,)) for w in range(consumers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        mosaic_forward.named_barrier = real
+    monkeypatch.setattr(mosaic_forward, "named_barrier", named_barrier)
+    threads = [threading.Thread(target=consumer, args=(w,)) for w in range(consumers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     assert not errors, errors
     assert not any(count.values()), f"arrivals left on the barriers: {dict(count)}"
     return order
 
 
 @pytest.mark.parametrize("consumers", [2, 3])
-def test_named_turns_go_round_the_consumers(consumers):
+def test_named_turns_go_round_the_consumers(consumers, monkeypatch):
     """The forward's ping-pong on named barriers, two or three consumers, a persistent
     CTA's several items: nobody waits forever, no arrival is left over, and within an
     item the Q K^T issues go round the consumers in order, step by step (a consumer's
     next turn needs the one before it to have issued)."""
     steps, items = 4, 3
-    order = _turn_order(consumers, steps, items)
+    order = _turn_order(consumers, steps, items, monkeypatch)
     for item in range(items):
         got = [(j, w) for i, j, w in order if i == item]
         assert got == [(j, w) for j in range(steps) for w in range(consumers)]
