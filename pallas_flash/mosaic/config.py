@@ -846,6 +846,22 @@ PERSISTENT_MAX_KEYS = 2048
 # (measured at 1k, 2k, 4k, 8k and 16k).
 PERSISTENT_MAX_KEYS_256 = 16384
 
+# Three consumer warpgroups (`MosaicConfig.consumers=3`, 128-key tiles, so 192 query rows
+# and 128 keys a CTA's step) at head dim 64 for calls of at least this many keys: not
+# causal from THREE_CONSUMERS_MIN_KEYS, causal from THREE_CONSUMERS_MIN_KEYS_CAUSAL.
+# Compiled at 29ce459, consumers=3 on each case's default row with at most 128-key tiles
+# passed all 25 case-table rows up to head dim 128 (results/mosaic-29ce459/mosaic-tests.log).
+# Timed beside the two-consumer row and the peers (bf16, B x T = 16k, forward,
+# results/mosaic-29ce459/fa-mosaic-*.jsonl), TFLOP/s three / two consumers:
+# - not causal: 395.8 / 442.2 at 2k (0.90x), 436.5 / 456.3 at 4k (0.96x), 475.3 / 468.4
+#   at 8k (1.015x), 491.7 / 481.4 at 16k (1.021x);
+# - causal: 346.7 / 374.0 at 4k (0.93x), 414.7 / 406.8 and 400.9 / 417.6 at 8k in two
+#   calls (1.02x, 0.96x), 452.8 / 441.5 at 16k (1.026x).
+# At long lengths a CTA's 192 rows keep a third softmax in flight; at short ones the
+# larger tiles leave SMs idle (16 rows of tiles a head at 2k against 32).
+THREE_CONSUMERS_MIN_KEYS = 8192
+THREE_CONSUMERS_MIN_KEYS_CAUSAL = 16384
+
 
 def default_mosaic_config(
     head_dim: int, seq_k: int | None = None, causal: bool | None = None
@@ -862,16 +878,23 @@ def default_mosaic_config(
         # causal only where the flag is not known and the keys are few (1.05-1.08x at 1k /
         # 2k with 256-key tiles). Causal at short lengths: 128-key tiles, 1.11x / 1.04x at
         # 1k / 2k, one CTA per item (1.05x the persistent grid at 2k). Module docstring.
+        # Long calls: three consumers with 128-key tiles (at THREE_CONSUMERS_MIN_KEYS).
         short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS
         short_causal = short and causal is True
+        three = (
+            seq_k is not None
+            and causal is not None
+            and seq_k >= (THREE_CONSUMERS_MIN_KEYS_CAUSAL if causal else THREE_CONSUMERS_MIN_KEYS)
+        )
         return MosaicConfig(
             block_q=64,
-            block_kv=128 if short_causal else 256,
+            block_kv=128 if short_causal or three else 256,
             num_stages=2,
             early_k_wait=True,
             persistent=causal is False or (short and causal is None),
             q_register_cols=Q_REGISTER_COLS,
             named_turns=NAMED_TURNS_DEFAULT,
+            consumers=3 if three else NUM_CONSUMERS,
         )
     # The conditional rescale above head dim 64, but not for short causal calls (at
     # RESCALE_SLACK's comment).
