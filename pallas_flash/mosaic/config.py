@@ -380,7 +380,18 @@ class MosaicConfig:
       and each consumer gets 160 registers (THREE_CONSUMER_REGISTERS) where two get 232:
       a 64 x 128 score tile fits beside head dim 64's accumulator, a 256-key one does
       not. Not with intra_overlap, named_releases or kv_multicast (each built for two).
-      Checked in GPU interpret mode and lowered for sm_90 on CPU; not yet compiled.
+      Compiled at 29ce459 on each case's default row with at most 128-key tiles, it
+      passes all 25 case-table rows up to head dim 128 (results/mosaic-29ce459/
+      mosaic-tests.log); ptxas gives the head-dim-64 forward no spills. Timed beside the
+      two-consumer row (bf16, B x T = 16k, forward; results/mosaic-29ce459/ and
+      results/mosaic-99c36a7/, where it was the default for a call and the old row the
+      variant), three / two consumers at head dim 64: not causal 0.90x / 0.96x at 2k /
+      4k, 1.015x and 0.979x at 8k in two calls, 1.021x and 1.011x at 16k; causal 0.93x at
+      4k, 1.02x / 0.96x / 0.99x at 8k in three calls, 1.026x and 1.004x at 16k. Level
+      within the calls' noise from 8k and slower below, so it stays off. At head dim 128
+      (160 registers against O's 64 and the score tile's): 128-key tiles serialize every
+      wgmma (C7512, 260 bytes of spills) and run 0.69x / 0.67x the default non-causal /
+      causal 8k; 64-key tiles spill nothing and run 0.96x / 0.92x.
     """
 
     block_q: int = 64
@@ -846,22 +857,6 @@ PERSISTENT_MAX_KEYS = 2048
 # (measured at 1k, 2k, 4k, 8k and 16k).
 PERSISTENT_MAX_KEYS_256 = 16384
 
-# Three consumer warpgroups (`MosaicConfig.consumers=3`, 128-key tiles, so 192 query rows
-# and 128 keys a CTA's step) at head dim 64 for calls of at least this many keys: not
-# causal from THREE_CONSUMERS_MIN_KEYS, causal from THREE_CONSUMERS_MIN_KEYS_CAUSAL.
-# Compiled at 29ce459, consumers=3 on each case's default row with at most 128-key tiles
-# passed all 25 case-table rows up to head dim 128 (results/mosaic-29ce459/mosaic-tests.log).
-# Timed beside the two-consumer row and the peers (bf16, B x T = 16k, forward,
-# results/mosaic-29ce459/fa-mosaic-*.jsonl), TFLOP/s three / two consumers:
-# - not causal: 395.8 / 442.2 at 2k (0.90x), 436.5 / 456.3 at 4k (0.96x), 475.3 / 468.4
-#   at 8k (1.015x), 491.7 / 481.4 at 16k (1.021x);
-# - causal: 346.7 / 374.0 at 4k (0.93x), 414.7 / 406.8 and 400.9 / 417.6 at 8k in two
-#   calls (1.02x, 0.96x), 452.8 / 441.5 at 16k (1.026x).
-# At long lengths a CTA's 192 rows keep a third softmax in flight; at short ones the
-# larger tiles leave SMs idle (16 rows of tiles a head at 2k against 32).
-THREE_CONSUMERS_MIN_KEYS = 8192
-THREE_CONSUMERS_MIN_KEYS_CAUSAL = 16384
-
 
 def default_mosaic_config(
     head_dim: int, seq_k: int | None = None, causal: bool | None = None
@@ -878,23 +873,16 @@ def default_mosaic_config(
         # causal only where the flag is not known and the keys are few (1.05-1.08x at 1k /
         # 2k with 256-key tiles). Causal at short lengths: 128-key tiles, 1.11x / 1.04x at
         # 1k / 2k, one CTA per item (1.05x the persistent grid at 2k). Module docstring.
-        # Long calls: three consumers with 128-key tiles (at THREE_CONSUMERS_MIN_KEYS).
         short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS
         short_causal = short and causal is True
-        three = (
-            seq_k is not None
-            and causal is not None
-            and seq_k >= (THREE_CONSUMERS_MIN_KEYS_CAUSAL if causal else THREE_CONSUMERS_MIN_KEYS)
-        )
         return MosaicConfig(
             block_q=64,
-            block_kv=128 if short_causal or three else 256,
+            block_kv=128 if short_causal else 256,
             num_stages=2,
             early_k_wait=True,
             persistent=causal is False or (short and causal is None),
             q_register_cols=Q_REGISTER_COLS,
             named_turns=NAMED_TURNS_DEFAULT,
-            consumers=3 if three else NUM_CONSUMERS,
         )
     # The conditional rescale above head dim 64, but not for short causal calls (at
     # RESCALE_SLACK's comment).
