@@ -104,7 +104,6 @@ from pallas_flash.mosaic.forward import (
     element_mask,
     intersect_tables,
     kv_tile_ranges,
-    opaque,
     pair_cluster,
     stream_kv_tiles,
     unsupported,
@@ -476,14 +475,10 @@ def _dkdv_kernel(
             stay in place. With `config.step_descriptors` they are addressed through
             `z`, which is 0 (steps count from 0) but not to the compiler, so each step
             builds their wgmma descriptors anew instead of holding them all across the
-            loop (where the fused kernel spilled them, README). Compiled, `step` passes
-            through `opaque` first: in the fused walk's first loop step is g * n + j,
-            which LLVM proved non-negative, so it folded z to 0 and hoisted that loop's
-            descriptors after all (its PTX at 29ce459, results/mosaic-29ce459/)."""
+            loop (where the fused kernel spilled them, README)."""
             if not config.step_descriptors:
                 return k_tile, v_tile, 0
-            hidden = opaque(step) if config.operands_in_registers else step
-            z = lax.shift_right_logical(hidden, 31)
+            z = lax.shift_right_logical(step, 31)
             return k_smem.at[t + z], v_smem.at[t + z], z
 
         def body(i, carry, *, g, masked: bool):
