@@ -598,6 +598,27 @@ def test_latest_table_takes_each_point_from_the_newest_full_run():
     assert render.latest_table(rows(new, "fwd", 1024, {"jax.nn:cudnn": 1})) == ""
 
 
+def test_latest_table_passes_over_reverted_defaults():
+    """Where REVERTED_DEFAULTS says a commit's default was reverted, its rows of ours do
+    not count there (the point falls back to an older run); elsewhere they do."""
+    base = dict(suite="fa", mask="none", error=None, head_dim=64, causal=False)
+
+    def rows(run_id, commit, seq, ours):
+        speeds = {"pallas_flash:mosaic": ours, "jax.nn:cudnn": 100, "tokamax:mosaic": 50}
+        return [
+            dict(base, run_id=run_id, commit=commit, impl=i, seq_q=seq, seq_k=seq, tflops=v,
+                 **{"pass": "fwd"})
+            for i, v in speeds.items()
+        ]  # fmt: skip
+
+    old, new = "20261204-150000-29ce459", "20261204-160455-99c36a7"
+    table = render.latest_table(
+        rows(old, "29ce459", 8192, 110) + rows(new, "99c36a7", 8192, 90)
+        + rows(old, "29ce459", 4096, 110) + rows(new, "99c36a7", 4096, 120)
+    )  # fmt: skip
+    assert "| 64 | no | fwd | 1.20x b | 1.10x a |" in table.splitlines()
+
+
 def test_latest_table_names_runs_past_z_in_letters():
     """The 27th run is `aa`, not the character after `z` (`{`, and `|` splits a cell)."""
     base = dict(suite="fa", mask="none", error=None, head_dim=64, causal=False, seq_q=1024)
