@@ -1,0 +1,84 @@
+"""benchmarks.ptx_edit: finding a consumer's tile loops in PTX, cutting them, rewriting its
+register budget, counting a loop's invariants; and, where ptxas is here, the README's
+finding on the fused backward's committed PTX (results/mosaic-29ce459/ptx-fused.tgz)."""
+
+import pathlib
+import tarfile
+
+import pytest
+
+from benchmarks import ptx_edit, ptxas
+
+# Two warpgroups' code as Mosaic GPU lays it out: a producer that lowers its budget, a
+# consumer that raises it and runs one guarded tile loop (its latch above its header).
+_PTX = """\
+.visible .entry toy_kernel()
+{
+\tsetmaxnreg.dec.sync.aligned.u32 24;
+\tbra.uni \t$L__BB0_9;
+\tsetmaxnreg.inc.sync.aligned.u32 232;
+\tmov.b32 \t%r7, 3;
+\t@%p1 bra \t$L__BB0_4;
+\tbra.uni \t$L__BB0_2;
+$L__BB0_3:
+\tadd.s32 \t%r8, %r8, %r7;
+$L__BB0_2:
+\tld.shared.v2.b32 \t{%r10, %r11}, [%rd5+16];
+\tex2.approx.ftz.f32 %r9, %r10;
+\tfma.rn.f32 \t%r12, %r9, %r11, %r8;
+\t@%p2 bra \t$L__BB0_3;
+$L__BB0_4:
+\tret;
+$L__BB0_9:
+\tret;
+}"""
+
+
+def test_finds_cuts_and_prices_a_consumers_tile_loop():
+    lines = _PTX.split("\n")
+    (region,) = ptx_edit.consumer_regions(lines)
+    assert lines[region[0]].strip().startswith("setmaxnreg.inc")
+    (loop,) = ptx_edit.tile_loops(lines, region)
+    assert lines[loop.start] == "$L__BB0_3:" and "@%p2 bra" in lines[loop.back]
+    assert "@%p1 bra" in lines[loop.guard]  # the branch that skips to the exit, $L__BB0_4
+    # reads %r7 (set before it) and %rd5 and never writes them (the predicate %p2 is not
+    # a general register); %r8 is carried (written in the loop), the loaded pair written
+    assert ptx_edit.loop_invariants(lines, loop) == (1, 1)
+    cut = ptx_edit.cut_loops(lines, [1])
+    assert cut[loop.guard].strip() == "bra.uni \t$L__BB0_4;"
+    assert [a == b for a, b in zip(cut, lines)].count(False) == 1
+    with pytest.raises(ValueError, match="has 1 tile loops"):
+        ptx_edit.cut_loops(lines, [2])
+    budget = ptx_edit.set_consumer_registers(lines, 240)
+    assert "\tsetmaxnreg.inc.sync.aligned.u32 240;" in budget
+    assert "\tsetmaxnreg.dec.sync.aligned.u32 24;" in budget  # the producer's untouched
+
+
+def test_picks_one_module_by_its_entry_name():
+    other = _PTX.replace("toy_kernel", "other_kernel")
+    assert ptx_edit.pick_module([_PTX, other], "toy") == _PTX
+    with pytest.raises(ValueError, match="0 modules match; entries: .'toy_kernel', 'other"):
+        ptx_edit.pick_module([_PTX, other], "fused")
+
+
+@pytest.mark.skipif(
+    ptxas.cuda_tool("ptxas") is None,
+    reason="no ptxas here (the development machines have CUDA 13.0's in /usr/local/bin)",
+)
+def test_first_loop_is_what_serializes_the_fused_backward(tmp_path, capsys):
+    """The fused backward at 29ce459 (head dim 128, causal): ptxas serializes its wgmmas
+    (C7512); with the first tile loop cut from each consumer it does not, and with the
+    third cut instead it still does (README, "Where the fused kernel's C7512 comes from")."""
+    results = pathlib.Path(__file__).parent.parent / "benchmarks/results/mosaic-29ce459"
+    with tarfile.open(results / "ptx-fused.tgz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    (dump,) = tmp_path.glob("ptx/*h128-true.ptxdump")
+
+    def report(*edits):
+        ptx_edit.main([str(dump), "--kernel", "fused", *edits])
+        return capsys.readouterr().out
+
+    assert "C7512" in report()
+    cut_first = report("--cut-loop", "1")
+    assert "C7512" not in cut_first and "spills 40 B stored" in cut_first
+    assert "C7512" in report("--cut-loop", "3")
