@@ -495,7 +495,6 @@ _MOSAIC_BWD_FLAGS = (
     ("fa3_order", "fa3-order"),
     ("row_bound_mask", "row-mask"),
     ("step_descriptors", "step-desc"),
-    ("hide_first_step", "hide-step1"),
     ("query_rows", "query-rows"),
     ("dq_pingpong", "dq-pingpong"),
 )

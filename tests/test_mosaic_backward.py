@@ -639,9 +639,6 @@ def test_fused_config_validation():
         MosaicBwdConfig(query_rows=True)
     with pytest.raises(ValueError, match="pick one"):
         MosaicBwdConfig(fused=True, fa3_order=True, query_rows=True)
-    for kwargs in ({"fused": True}, {"step_descriptors": True}):
-        with pytest.raises(ValueError, match="hide_first_step .* needs fused=True and step_"):
-            MosaicBwdConfig(hide_first_step=True, **kwargs)
     # No staging buffer: P and dS reach their wgmmas from the consumer's own tile.
     staged = dataclasses.replace(FUSED, operands_in_registers=False)
     rows = dataclasses.replace(staged, query_rows=True)
@@ -816,22 +813,6 @@ FUSED_LOWERINGS = {
     # Without step_descriptors the tile's index is static: it must lower too.
     "h128-query-rows": (128, dataclasses.replace(FUSED, query_rows=True), False),
 }
-
-
-def test_hide_first_step_lowers_for_hopper():
-    """hide_first_step lowered for sm_90 (head dim 128, causal, FA3's order with
-    step_descriptors): one inline-PTX mov a consumer, in the walk's first tile loop (the
-    other two loops' step indices go to the offset as they are), and none without it."""
-    from benchmarks import lowered_ops
-
-    base = dataclasses.replace(FUSED, fa3_order=True, step_descriptors=True)
-    spec = masks.MaskSpec(causal=True)
-    counts = []
-    for hide in (False, True):
-        config = dataclasses.replace(base, hide_first_step=hide)
-        (module,) = lowered_ops.backward_modules(config, spec, 128, 4096)
-        counts.append(lowered_ops.module_text(module).count("mov.b32 $0, $1;"))
-    assert counts == [0, FUSED.consumers_dkv]
 
 
 @pytest.mark.extended
@@ -1063,17 +1044,6 @@ def test_gpu_fused_query_rows_matches_reference(case):
         fused_mosaic_bwd_config(case.head_dim), query_rows=True, step_descriptors=True
     )
     _compare(case, config, interpret=False, seed=_seed(case))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
-def test_gpu_hide_first_step_changes_no_bit(case):
-    """hide_first_step compiled (the fused kernel in FA3's order with step_descriptors):
-    the offset it hides is still 0, so the same bits as without."""
-    config = dataclasses.replace(
-        fused_mosaic_bwd_config(case.head_dim), fa3_order=True, step_descriptors=True
-    )
-    _flag_changes_no_bit(case, config, "hide_first_step", False)
 
 
 @pytest.mark.gpu

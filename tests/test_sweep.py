@@ -279,14 +279,12 @@ def test_mosaic_backward_label_names_its_flags():
     assert render.config_label(default) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2"
     fused = dict(default, fused=True, fa3_order=True, step_descriptors=True)
     assert render.config_label(fused) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2 fused fa3-order step-desc"
-    hidden = dict(fused, hide_first_step=True)
-    assert render.config_label(hidden).endswith("fused fa3-order step-desc hide-step1")
     pingpong = dict(default, dq_pingpong=True)
     assert render.config_label(pingpong) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2 dq-pingpong"
     turned = dict(default, fused=True, query_rows=True)
     assert render.config_label(turned) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2 fused query-rows"
     rows = dict(default, row_bound_mask=True, operands_in_registers=False)
     assert render.config_label(rows) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2 ops-smem row-mask"
-    new_flags = ("row_bound_mask", "step_descriptors", "hide_first_step", "query_rows")
+    new_flags = ("row_bound_mask", "step_descriptors", "query_rows")
     old = {k: v for k, v in default.items() if k not in new_flags}
     assert render.config_label(old) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2"

@@ -104,7 +104,6 @@ from pallas_flash.mosaic.forward import (
     element_mask,
     intersect_tables,
     kv_tile_ranges,
-    opaque,
     pair_cluster,
     stream_kv_tiles,
     unsupported,
@@ -471,28 +470,24 @@ def _dkdv_kernel(
             ds_t = dscores(p_t, dp_t, slot)
             return tuple(_accumulate([(carry[-1], ds_t, q_tile)], staging))
 
-        def step_operands(step, hide: bool):
+        def step_operands(step):
             """This step's K and V tiles, and the index offset `z` (0) of the buffers that
             stay in place. With `config.step_descriptors` they are addressed through
             `z`, which is 0 (steps count from 0) but not to the compiler, so each step
             builds their wgmma descriptors anew instead of holding them all across the
-            loop (where the fused kernel spilled them, README). With `hide` (the first
-            loop of the fused walk, `config.hide_first_step`) the step passes through
-            `opaque` first, compiled: LLVM proves that loop's step non-negative."""
+            loop (where the fused kernel spilled them, README)."""
             if not config.step_descriptors:
                 return k_tile, v_tile, 0
-            if hide and config.operands_in_registers:  # inline PTX: compiled only
-                step = opaque(step)
             z = lax.shift_right_logical(step, 31)
             return k_smem.at[t + z], v_smem.at[t + z], z
 
-        def body(i, carry, *, g, masked: bool, first: bool = False):
+        def body(i, carry, *, g, masked: bool):
             step = step_of(g, i)
             slot = lax.rem(step, jnp.int32(stages))
             q_tile, do_tile = q_smem.at[slot], do_smem.at[slot]
             plgpu.barrier_wait(q_ready.at[slot])
             plgpu.barrier_wait(do_ready.at[slot])  # every consumer sees every phase
-            k_tile, v_tile, z = step_operands(step, hide=first and config.hide_first_step)
+            k_tile, v_tile, z = step_operands(step)
             if config.query_rows:
                 return rows_step(
                     i, carry, step=step, slot=slot, q_tile=q_tile, do_tile=do_tile,
@@ -532,9 +527,8 @@ def _dkdv_kernel(
 
         def per_head(g, carry):
             segments = ((lo, full_lo, True), (full_lo, full_hi, False), (full_hi, hi, True))
-            for k, (start, stop, masked) in enumerate(segments[:: -1 if config.fused else 1]):
-                steps = functools.partial(body, g=g, masked=masked, first=k == 0)
-                carry = each_tile(start, stop, steps, carry)
+            for start, stop, masked in segments[:: -1 if config.fused else 1]:
+                carry = each_tile(start, stop, functools.partial(body, g=g, masked=masked), carry)
             return carry
 
         zeros = plgpu.layout_cast(

@@ -581,18 +581,6 @@ class MosaicBwdConfig:
       --read FILE.sass`, wgmma_groups). Without it they are too, but for one build: causal
       with tile_mask, where they ran in 36 groups (9f95796, and again at b4a8ae2) and that
       build was the slowest (`results/mosaic-b4a8ae2/tile-mask/`).
-    hide_first_step: with step_descriptors, the first tile loop of the fused walk passes
-      its step index through an inline-PTX `mov` (forward.opaque) before the offset is
-      taken from it, where the other loops take it as it is. In that loop the step is
-      g * n + j, which LLVM proves non-negative: it folds the offset to 0 and hoists the
-      loop's 32 descriptors after all (the fused kernel's PTX at 29ce459: 42 64-bit
-      loop invariants there against 10 in the other two loops, `python -m
-      benchmarks.ptx_edit ... --loops`; with that loop cut, ptxas no longer serializes
-      the causal kernel's wgmmas, 40 bytes of spills where it has 280,
-      `results/mosaic-29ce459/ptx-edits.txt`). Passing every loop's step through it
-      (da32c91) tipped the unmasked loop instead (C7512 causal and not, 140 bytes;
-      0.77x the pair causal 8k), so only the first. A no-op in GPU interpret mode.
-      Lowered for sm_90 on CPU; not yet compiled.
     query_rows: fused: each step in FlashAttention-3's orientation, the queries on the
       rows (backward.rows_step): S = Q K^T and dP = dO V^T rather than their transposes,
       so that a thread holds 2 of the row statistics lse and D where a column's took 16
@@ -694,7 +682,6 @@ class MosaicBwdConfig:
     fa3_order: bool = False
     row_bound_mask: bool = False
     step_descriptors: bool = False
-    hide_first_step: bool = False
     query_rows: bool = False
     share_probs: bool = False
     split_dq: bool = False
@@ -755,11 +742,6 @@ class MosaicBwdConfig:
             raise ValueError("query_rows orders the fused kernel's step: it needs fused=True")
         if self.query_rows and self.fa3_order:
             raise ValueError("query_rows and fa3_order are two orders of the fused step: pick one")
-        if self.hide_first_step and not (self.fused and self.step_descriptors):
-            raise ValueError(
-                "hide_first_step hides the fused walk's first step index from LLVM for "
-                "step_descriptors: it needs fused=True and step_descriptors=True"
-            )
         if self.fa3_order and not (self.fused and self.operands_in_registers):
             raise ValueError(
                 "fa3_order needs fused=True and operands_in_registers=True (it orders the "

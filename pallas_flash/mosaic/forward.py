@@ -196,24 +196,6 @@ def exp2_poly(x, *, ptx: bool = False):
     return p * scale
 
 
-def opaque(x):
-    """`x` (an int32 scalar, the same in every thread) through an inline PTX `mov`, so
-    that LLVM knows nothing of its value: what is computed from it is neither folded by
-    range analysis nor hoisted out of the loop it varies in (compiled kernels only; GPU
-    interpret mode has no inline PTX)."""
-
-    @plgpu.inline_mgpu(
-        arg_types=(plgpu.Layout.WG_SPLAT,),
-        return_type=plgpu.ShapeDtypeStruct((), jnp.int32, plgpu.Layout.WG_SPLAT),
-    )
-    def emit(_ctx, v):
-        reg = v.registers[()]
-        out = mgpu_utils.inline_ptx("mov.b32 $0, $1;", reg, result_types=reg.type)
-        return mgpu.FragmentedArray.splat(out, (), is_signed=True)
-
-    return emit(jnp.asarray(x, jnp.int32))
-
-
 def warp_any(flags):
     """Whether any row of the executing warp has its flag set ([rows] bool in the wgmma
     row layout, each thread holding its rows'): a per-warp value, the same in the 32
