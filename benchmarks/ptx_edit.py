@@ -13,6 +13,11 @@ from 1 in the order they appear. Then:
 - `--consumer-registers N` rewrites every consumer's `setmaxnreg.inc` budget to N;
 - `--cut-loop K` makes tile loop K unreachable in every consumer (its entry guard, the
   conditional branch that skips it, made unconditional), so ptxas drops its code;
+- `--unhide-loop K` undoes, in tile loop K of every consumer, what da32c91's inline-PTX
+  `mov` of the step index did (an opaque copy, then `shr.u32 z, copy, 31`): the copy is
+  dropped and z taken from the plain `shr.u32 ..., 31` the loop already has, as at
+  29ce459 (so `--unhide-loop 2 --unhide-loop 3` on da32c91's PTX stands for hiding the
+  first loop's step alone);
 and the edited module goes through the local ptxas (`benchmarks.ptxas.assemble`), which
 prints registers, spills and serialized wgmmas (C7512). The edits break what the kernel
 computes: they price what each part of it costs ptxas, in seconds a try, without a
@@ -149,6 +154,36 @@ def cut_loops(lines: list[str], which: list[int]) -> list[str]:
     return out
 
 
+_MOV = re.compile(r"^\s*mov\.b32 (%r\d+), (%r\d+);$")  # inline asm's: no tab after the op
+_SHR31 = re.compile(r"^\s*shr\.u32\s+(%r\d+), (%r\d+), 31;")
+
+
+def unhide_loops(lines: list[str], which: list[int]) -> list[str]:
+    """In tile loops `which` (1-based) of every consumer, the opaque copy of the step
+    index removed and the offset computed from it (`shr.u32 z, copy, 31`) replaced by a
+    copy of the loop's plain `shr.u32 ..., 31` of the step."""
+    out = list(lines)
+    for region in consumer_regions(lines):
+        loops = tile_loops(lines, region)
+        for k in which:
+            if not 1 <= k <= len(loops):
+                raise ValueError(f"--unhide-loop {k}: the consumer has {len(loops)} tile loops")
+            span = range(loops[k - 1].start, loops[k - 1].back + 1)
+            copies = {m.group(1): i for i in span if (m := _MOV.match(lines[i]))}
+            shifts = [(i, m) for i in span if (m := _SHR31.match(lines[i]))]
+            hidden = [(i, m) for i, m in shifts if m.group(2) in copies]
+            plain = [(i, m) for i, m in shifts if m.group(2) not in copies]
+            if len(hidden) != 1 or len(plain) != 1:
+                raise ValueError(
+                    f"--unhide-loop {k}: want one opaque and one plain shift by 31 in the loop "
+                    f"at line {span[0]}, found {len(hidden)} and {len(plain)}"
+                )
+            (i, m), (_, p) = hidden[0], plain[0]
+            out[copies[m.group(2)]] = ""
+            out[i] = f"\tmov.b32 \t{m.group(1)}, {p.group(1)};"
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ptx", help="a file of PTX modules (benchmarks.ptxas --ptx)")
@@ -156,6 +191,7 @@ def main(argv=None) -> int:
     parser.add_argument("--loops", action="store_true", help="print each tile loop's invariants")
     parser.add_argument("--consumer-registers", type=int, default=None, metavar="N")
     parser.add_argument("--cut-loop", type=int, action="append", default=[], metavar="K")
+    parser.add_argument("--unhide-loop", type=int, action="append", default=[], metavar="K")
     parser.add_argument("--write", default=None, help="also write the edited module here")
     args = parser.parse_args(argv)
     if args.consumer_registers is not None and (
@@ -177,11 +213,11 @@ def main(argv=None) -> int:
                       f"{narrow + 2 * wide} registers")  # fmt: skip
     if args.consumer_registers is not None:
         lines = set_consumer_registers(lines, args.consumer_registers)
-    if args.cut_loop:
-        try:
-            lines = cut_loops(lines, args.cut_loop)
-        except ValueError as e:
-            parser.error(str(e))
+    try:
+        lines = unhide_loops(lines, args.unhide_loop) if args.unhide_loop else lines
+        lines = cut_loops(lines, args.cut_loop) if args.cut_loop else lines
+    except ValueError as e:
+        parser.error(str(e))
     module = "\n".join(lines)
     if args.write:
         with open(args.write, "w") as f:

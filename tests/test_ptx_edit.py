@@ -54,6 +54,21 @@ def test_finds_cuts_and_prices_a_consumers_tile_loop():
     assert "\tsetmaxnreg.dec.sync.aligned.u32 24;" in budget  # the producer's untouched
 
 
+def test_unhides_a_loops_step_index():
+    """--unhide-loop: the opaque copy of the step (an inline-asm mov, no tab after the op)
+    dropped, and the offset it fed taken from the loop's plain shift of the step."""
+    hidden = _PTX.replace(
+        "\tex2.approx.ftz.f32 %r9, %r10;",
+        "\tshr.u32 \t%r20, %r8, 31;\n\tmov.b32 %r21, %r8;\n\tshr.u32 \t%r22, %r21, 31;\n"
+        "\tex2.approx.ftz.f32 %r9, %r10;",
+    ).split("\n")
+    out = ptx_edit.unhide_loops(hidden, [1])
+    assert "\tmov.b32 \t%r22, %r20;" in out and "\tmov.b32 %r21, %r8;" not in out
+    assert "\tshr.u32 \t%r20, %r8, 31;" in out  # the plain shift stays
+    with pytest.raises(ValueError, match="one opaque and one plain shift"):
+        ptx_edit.unhide_loops(_PTX.split("\n"), [1])
+
+
 def test_picks_one_module_by_its_entry_name():
     other = _PTX.replace("toy_kernel", "other_kernel")
     assert ptx_edit.pick_module([_PTX, other], "toy") == _PTX
@@ -82,3 +97,26 @@ def test_first_loop_is_what_serializes_the_fused_backward(tmp_path, capsys):
     cut_first = report("--cut-loop", "1")
     assert "C7512" not in cut_first and "spills 40 B stored" in cut_first
     assert "C7512" in report("--cut-loop", "3")
+
+
+@pytest.mark.skipif(
+    ptxas.cuda_tool("ptxas") is None,
+    reason="no ptxas here (the development machines have CUDA 13.0's in /usr/local/bin)",
+)
+def test_hiding_the_first_loops_step_alone_still_serializes(tmp_path, capsys):
+    """da32c91's fused backward (every loop's step index hidden from LLVM), with loops 2
+    and 3 given their plain offsets back: what hiding only the first loop's step would
+    make. ptxas still serializes its wgmmas, and with the unmasked loop cut it does not
+    (README, "Where the fused kernel's C7512 comes from")."""
+    results = pathlib.Path(__file__).parent.parent / "benchmarks/results/mosaic-da32c91"
+    with tarfile.open(results / "ptx-fused-opaque.tgz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    (dump,) = tmp_path.glob("ptx/*h128-true.ptxdump")
+    first_only = ["--unhide-loop", "2", "--unhide-loop", "3"]
+
+    def report(*edits):
+        ptx_edit.main([str(dump), "--kernel", "fused", *first_only, *edits])
+        return capsys.readouterr().out
+
+    assert "C7512" in report()
+    assert "C7512" not in report("--cut-loop", "2")
