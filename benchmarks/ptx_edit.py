@@ -18,6 +18,12 @@ from 1 in the order they appear. Then:
   dropped and z taken from the plain `shr.u32 ..., 31` the loop already has, as at
   29ce459 (so `--unhide-loop 2 --unhide-loop 3` on da32c91's PTX stands for hiding the
   first loop's step alone);
+- `--share drop` / `--share half` (the fused backward in FA3's order, whose step issues
+  S^T and dP^T as 64-column wgmmas, dV as 128-column ones, then the dQ share as 64-column
+  ones, then dK): the share's wgmmas removed, or made 32 columns wide on the first half
+  of their accumulators, and the accumulators that are gone read as the zeros they were
+  set from: what the consumers would need with no share in their registers, or with
+  half of it at a time;
 and the edited module goes through the local ptxas (`benchmarks.ptxas.assemble`), which
 prints registers, spills and serialized wgmmas (C7512). The edits break what the kernel
 computes: they price what each part of it costs ptxas, in seconds a try, without a
@@ -184,6 +190,55 @@ def unhide_loops(lines: list[str], which: list[int]) -> list[str]:
     return out
 
 
+_WGMMA = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16(\S*)\s+\{([^}]*)\}")
+
+
+def share_wgmmas(lines: list[str], region: tuple[int, int]) -> list[int]:
+    """The lines of the fused step's dQ-share wgmmas in a consumer: in each step's
+    sequence S^T, dP^T (64 wide), dV (128), share (64), dK (128), the 64-wide ones
+    between a dV group and the next 128-wide group."""
+    found, state = [], 0  # 0 scores, 1 dV, 2 share, 3 dK
+    for i in range(*region):
+        if not (m := _WGMMA.search(lines[i])):
+            continue
+        wide = m.group(1) == "128"
+        state = {(0, True): 1, (1, False): 2, (2, True): 3, (3, False): 0}.get((state, wide), state)
+        if state == 2:
+            found.append(i)
+    return found
+
+
+def cut_share(lines: list[str], how: str) -> list[str]:
+    """The share's wgmmas dropped (`how` "drop") or halved ("half"), in every consumer;
+    the accumulator registers no longer written read as the register they were zeroed
+    from."""
+    out = list(lines)
+    for region in consumer_regions(lines):
+        gone = set()
+        for i in share_wgmmas(lines, region):
+            m = _WGMMA.search(lines[i])
+            regs = _REG.findall(m.group(3))
+            if how == "drop":
+                out[i], lost = "", regs
+            else:
+                keep, lost = regs[: len(regs) // 2], regs[len(regs) // 2 :]
+                half = f"wgmma.mma_async.sync.aligned.m64n32k16{m.group(2)} {{{','.join(keep)}}}"
+                out[i] = lines[i].replace(m.group(0), half)
+            gone.update(lost)
+        if not gone:
+            raise ValueError(f"--share: no share wgmmas in the consumer at line {region[0]}")
+        zero = next(
+            m.group(2)
+            for i in range(*region)
+            if (m := re.match(r"\s*mov\.b32\s+(%r\d+), (%r\d+);", lines[i])) and m.group(1) in gone
+        )
+        names = re.compile("|".join(rf"{re.escape(r)}(?!\d)" for r in sorted(gone)))
+        for i in range(*region):
+            if out[i] and "wgmma.mma_async" not in out[i] and names.search(out[i]):
+                out[i] = names.sub(zero, out[i])
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ptx", help="a file of PTX modules (benchmarks.ptxas --ptx)")
@@ -192,6 +247,7 @@ def main(argv=None) -> int:
     parser.add_argument("--consumer-registers", type=int, default=None, metavar="N")
     parser.add_argument("--cut-loop", type=int, action="append", default=[], metavar="K")
     parser.add_argument("--unhide-loop", type=int, action="append", default=[], metavar="K")
+    parser.add_argument("--share", choices=("drop", "half"), default=None)
     parser.add_argument("--write", default=None, help="also write the edited module here")
     args = parser.parse_args(argv)
     if args.consumer_registers is not None and (
@@ -216,6 +272,7 @@ def main(argv=None) -> int:
     try:
         lines = unhide_loops(lines, args.unhide_loop) if args.unhide_loop else lines
         lines = cut_loops(lines, args.cut_loop) if args.cut_loop else lines
+        lines = cut_share(lines, args.share) if args.share else lines
     except ValueError as e:
         parser.error(str(e))
     module = "\n".join(lines)

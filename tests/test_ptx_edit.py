@@ -69,6 +69,37 @@ def test_unhides_a_loops_step_index():
         ptx_edit.unhide_loops(_PTX.split("\n"), [1])
 
 
+def _wgmma(n, regs):
+    acc = ",".join(f"%r{r}" for r in regs)
+    return f"\twgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{acc}}}, %rd1, %rd2, 1;"
+
+
+def test_finds_the_fused_steps_share_and_cuts_it():
+    """--share: in each step's S^T, dP^T (64 wide), dV (128), share (64), dK (128), the
+    share's wgmmas are found, dropped or halved, and its lost accumulators read as the
+    register they were zeroed from."""
+    step = [
+        _wgmma(64, range(10, 14)),  # S^T (4 accumulators stand for 32)
+        _wgmma(64, range(14, 18)),  # dP^T
+        _wgmma(128, range(20, 28)),  # dV
+        *[f"\tmov.b32 \t%r{r}, %r9;" for r in range(30, 34)],  # the share zeroed
+        _wgmma(64, range(30, 34)),  # share
+        _wgmma(128, range(40, 48)),  # dK
+        "\tst.shared.v4.f32 [%rd3], {%r30, %r31, %r32, %r33};",  # the share handed over
+    ]
+    lines = ["\tsetmaxnreg.inc.sync.aligned.u32 232;", *step, *step]
+    region = (0, len(lines))
+    assert ptx_edit.share_wgmmas(lines, region) == [8, 8 + len(step)]
+    dropped = ptx_edit.cut_share(lines, "drop")
+    assert dropped[8] == "" and "{%r9, %r9, %r9, %r9}" in dropped[10]
+    halved = ptx_edit.cut_share(lines, "half")
+    assert "m64n32k16.f32.bf16.bf16 {%r30,%r31}" in halved[8]
+    assert "{%r30, %r31, %r9, %r9}" in halved[10]
+    assert halved[2] == lines[2] and halved[4] == lines[4]  # S^T and dV untouched
+    with pytest.raises(ValueError, match="no share wgmmas"):
+        ptx_edit.cut_share(lines[:3], "drop")
+
+
 def test_picks_one_module_by_its_entry_name():
     other = _PTX.replace("toy_kernel", "other_kernel")
     assert ptx_edit.pick_module([_PTX, other], "toy") == _PTX
@@ -120,3 +151,30 @@ def test_hiding_the_first_loops_step_alone_still_serializes(tmp_path, capsys):
 
     assert "C7512" in report()
     assert "C7512" not in report("--cut-loop", "2")
+
+
+@pytest.mark.skipif(
+    ptxas.cuda_tool("ptxas") is None,
+    reason="no ptxas here (the development machines have CUDA 13.0's in /usr/local/bin)",
+)
+def test_the_dq_share_is_what_the_consumers_lack(tmp_path, capsys):
+    """da32c91's fused backward (causal, head dim 128; descriptors rebuilt in every loop):
+    with no dQ share in the consumers' registers ptxas neither spills nor serializes at
+    their 232 registers; with half of it (16 accumulators) it serializes at 232 and is
+    clean at 240, the budget of three warpgroups (README, "Where the fused kernel's C7512
+    comes from")."""
+    results = pathlib.Path(__file__).parent.parent / "benchmarks/results/mosaic-da32c91"
+    with tarfile.open(results / "ptx-fused-opaque.tgz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    (dump,) = tmp_path.glob("ptx/*h128-true.ptxdump")
+
+    def report(*edits):
+        ptx_edit.main([str(dump), "--kernel", "fused", *edits])
+        return capsys.readouterr().out
+
+    clean = "spills 0 B stored"
+    dropped = report("--share", "drop")
+    assert clean in dropped and "C7512" not in dropped
+    assert "C7512" in report("--share", "half")
+    halved_240 = report("--share", "half", "--consumer-registers", "240")
+    assert clean in halved_240 and "C7512" not in halved_240
