@@ -107,71 +107,59 @@ def test_picks_one_module_by_its_entry_name():
         ptx_edit.pick_module([_PTX, other], "fused")
 
 
-@pytest.mark.skipif(
+_RESULTS = pathlib.Path(__file__).parent.parent / "benchmarks/results"
+needs_ptxas = pytest.mark.skipif(
     ptxas.cuda_tool("ptxas") is None,
     reason="no ptxas here (the development machines have CUDA 13.0's in /usr/local/bin)",
 )
-def test_first_loop_is_what_serializes_the_fused_backward(tmp_path, capsys):
-    """The fused backward at 29ce459 (head dim 128, causal): ptxas serializes its wgmmas
-    (C7512); with the first tile loop cut from each consumer it does not, and with the
-    third cut instead it still does (README, "Where the fused kernel's C7512 comes from")."""
-    results = pathlib.Path(__file__).parent.parent / "benchmarks/results/mosaic-29ce459"
-    with tarfile.open(results / "ptx-fused.tgz") as tar:
+
+
+def _fused_report(tmp_path, capsys, archive: str, *base: str):
+    """report(*edits): ptxas's report of the committed fused backward's causal head-dim-128
+    PTX in `archive` (under benchmarks/results), edited by `base` and then `edits`."""
+    with tarfile.open(_RESULTS / archive) as tar:
         tar.extractall(tmp_path, filter="data")
     (dump,) = tmp_path.glob("ptx/*h128-true.ptxdump")
 
     def report(*edits):
-        ptx_edit.main([str(dump), "--kernel", "fused", *edits])
+        ptx_edit.main([str(dump), "--kernel", "fused", *base, *edits])
         return capsys.readouterr().out
 
+    return report
+
+
+@needs_ptxas
+def test_first_loop_is_what_serializes_the_fused_backward(tmp_path, capsys):
+    """The fused backward at 29ce459 (head dim 128, causal): ptxas serializes its wgmmas
+    (C7512); with the first tile loop cut from each consumer it does not, and with the
+    third cut instead it still does (README, "Where the fused kernel's C7512 comes from")."""
+    report = _fused_report(tmp_path, capsys, "mosaic-29ce459/ptx-fused.tgz")
     assert "C7512" in report()
     cut_first = report("--cut-loop", "1")
     assert "C7512" not in cut_first and "spills 40 B stored" in cut_first
     assert "C7512" in report("--cut-loop", "3")
 
 
-@pytest.mark.skipif(
-    ptxas.cuda_tool("ptxas") is None,
-    reason="no ptxas here (the development machines have CUDA 13.0's in /usr/local/bin)",
-)
+@needs_ptxas
 def test_hiding_the_first_loops_step_alone_still_serializes(tmp_path, capsys):
     """da32c91's fused backward (every loop's step index hidden from LLVM), with loops 2
     and 3 given their plain offsets back: what hiding only the first loop's step would
     make. ptxas still serializes its wgmmas, and with the unmasked loop cut it does not
     (README, "Where the fused kernel's C7512 comes from")."""
-    results = pathlib.Path(__file__).parent.parent / "benchmarks/results/mosaic-da32c91"
-    with tarfile.open(results / "ptx-fused-opaque.tgz") as tar:
-        tar.extractall(tmp_path, filter="data")
-    (dump,) = tmp_path.glob("ptx/*h128-true.ptxdump")
-    first_only = ["--unhide-loop", "2", "--unhide-loop", "3"]
-
-    def report(*edits):
-        ptx_edit.main([str(dump), "--kernel", "fused", *first_only, *edits])
-        return capsys.readouterr().out
-
+    first_only = ("--unhide-loop", "2", "--unhide-loop", "3")
+    report = _fused_report(tmp_path, capsys, "mosaic-da32c91/ptx-fused-opaque.tgz", *first_only)
     assert "C7512" in report()
     assert "C7512" not in report("--cut-loop", "2")
 
 
-@pytest.mark.skipif(
-    ptxas.cuda_tool("ptxas") is None,
-    reason="no ptxas here (the development machines have CUDA 13.0's in /usr/local/bin)",
-)
+@needs_ptxas
 def test_the_dq_share_is_what_the_consumers_lack(tmp_path, capsys):
     """da32c91's fused backward (causal, head dim 128; descriptors rebuilt in every loop):
     with no dQ share in the consumers' registers ptxas neither spills nor serializes at
     their 232 registers; with half of it (16 accumulators) it serializes at 232 and is
     clean at 240, the budget of three warpgroups (README, "Where the fused kernel's C7512
     comes from")."""
-    results = pathlib.Path(__file__).parent.parent / "benchmarks/results/mosaic-da32c91"
-    with tarfile.open(results / "ptx-fused-opaque.tgz") as tar:
-        tar.extractall(tmp_path, filter="data")
-    (dump,) = tmp_path.glob("ptx/*h128-true.ptxdump")
-
-    def report(*edits):
-        ptx_edit.main([str(dump), "--kernel", "fused", *edits])
-        return capsys.readouterr().out
-
+    report = _fused_report(tmp_path, capsys, "mosaic-da32c91/ptx-fused-opaque.tgz")
     clean = "spills 0 B stored"
     dropped = report("--share", "drop")
     assert clean in dropped and "C7512" not in dropped
