@@ -1,7 +1,8 @@
 """Edit a warp-specialised kernel's PTX by hand and reassemble it: what ptxas needs.
 
     python -m benchmarks.ptx_edit FILE.ptxdump --kernel fused [--loops] \
-        [--consumer-registers N] [--cut-loop K ...] [--write OUT.ptx]
+        [--consumer-registers N] [--cut-loop K ...] [--unhide-loop K ...] \
+        [--share drop|half] [--write OUT.ptx]
 
 FILE is PTX that `benchmarks.ptxas --ptx` kept on the GPU machine (one or more modules);
 `--kernel` picks the module whose entry name contains it. In that module each consumer
@@ -108,9 +109,8 @@ def tile_loops(lines: list[str], region: tuple[int, int]) -> list[Loop]:
 
 def loop_invariants(lines: list[str], loop: Loop) -> tuple[int, int]:
     """(32-bit, 64-bit) registers that `loop` reads and never writes (predicates not
-    counted). A destination is
-    an instruction's first operand, or the braced list that a vector load or a wgmma
-    (its accumulators, read and written) begins with."""
+    counted). A destination is an instruction's first operand, or the braced list that a
+    vector load or a wgmma (its accumulators, read and written) begins with."""
     written, read = set(), set()
     for line in lines[loop.start : loop.back + 1]:
         text = line.split("//")[0].strip()
@@ -142,25 +142,33 @@ def set_consumer_registers(lines: list[str], n: int) -> list[str]:
     return [_INC.sub(f"setmaxnreg.inc.sync.aligned.u32 {n};", line) for line in lines]
 
 
+def _chosen_loops(lines: list[str], which: list[int], flag: str):
+    """Tile loops `which` (1-based) of every consumer, each as a Loop; `flag` names the
+    option in the error a missing loop raises."""
+    for region in consumer_regions(lines):
+        loops = tile_loops(lines, region)
+        for k in which:
+            if not 1 <= k <= len(loops):
+                raise ValueError(
+                    f"{flag} {k}: the consumer at line {region[0]} has {len(loops)} tile loops"
+                )
+            yield loops[k - 1]
+
+
 def cut_loops(lines: list[str], which: list[int]) -> list[str]:
     """Tile loops `which` (1-based) of every consumer made unreachable: each one's guard
     becomes an unconditional branch to its exit."""
     out = list(lines)
-    for region in consumer_regions(lines):
-        loops = tile_loops(lines, region)
-        for k in which:
-            if not 1 <= k <= len(loops) or loops[k - 1].guard is None:
-                guards = [x.guard for x in loops]
-                raise ValueError(
-                    f"--cut-loop {k}: the consumer at line {region[0]} has {len(loops)} "
-                    f"tile loops, guards {guards}"
-                )
-            g = loops[k - 1].guard
-            out[g] = re.sub(r"^(\s*)@!?%p\d+\s+bra(\.uni)?", r"\1bra.uni", out[g])
+    for loop in _chosen_loops(lines, which, "--cut-loop"):
+        if loop.guard is None:
+            raise ValueError(f"--cut-loop: the tile loop at line {loop.start} has no guard")
+        g = loop.guard
+        out[g] = re.sub(r"^(\s*)@!?%p\d+\s+bra(\.uni)?", r"\1bra.uni", out[g])
     return out
 
 
 _MOV = re.compile(r"^\s*mov\.b32 (%r\d+), (%r\d+);$")  # inline asm's: no tab after the op
+_COPY = re.compile(r"\s*mov\.b32\s+(%r\d+), (%r\d+);")  # any register copy
 _SHR31 = re.compile(r"^\s*shr\.u32\s+(%r\d+), (%r\d+), 31;")
 
 
@@ -169,24 +177,20 @@ def unhide_loops(lines: list[str], which: list[int]) -> list[str]:
     index removed and the offset computed from it (`shr.u32 z, copy, 31`) replaced by a
     copy of the loop's plain `shr.u32 ..., 31` of the step."""
     out = list(lines)
-    for region in consumer_regions(lines):
-        loops = tile_loops(lines, region)
-        for k in which:
-            if not 1 <= k <= len(loops):
-                raise ValueError(f"--unhide-loop {k}: the consumer has {len(loops)} tile loops")
-            span = range(loops[k - 1].start, loops[k - 1].back + 1)
-            copies = {m.group(1): i for i in span if (m := _MOV.match(lines[i]))}
-            shifts = [(i, m) for i in span if (m := _SHR31.match(lines[i]))]
-            hidden = [(i, m) for i, m in shifts if m.group(2) in copies]
-            plain = [(i, m) for i, m in shifts if m.group(2) not in copies]
-            if len(hidden) != 1 or len(plain) != 1:
-                raise ValueError(
-                    f"--unhide-loop {k}: want one opaque and one plain shift by 31 in the loop "
-                    f"at line {span[0]}, found {len(hidden)} and {len(plain)}"
-                )
-            (i, m), (_, p) = hidden[0], plain[0]
-            out[copies[m.group(2)]] = ""
-            out[i] = f"\tmov.b32 \t{m.group(1)}, {p.group(1)};"
+    for loop in _chosen_loops(lines, which, "--unhide-loop"):
+        span = range(loop.start, loop.back + 1)
+        copies = {m.group(1): i for i in span if (m := _MOV.match(lines[i]))}
+        shifts = [(i, m) for i in span if (m := _SHR31.match(lines[i]))]
+        hidden = [(i, m) for i, m in shifts if m.group(2) in copies]
+        plain = [(i, m) for i, m in shifts if m.group(2) not in copies]
+        if len(hidden) != 1 or len(plain) != 1:
+            raise ValueError(
+                f"--unhide-loop: want one opaque and one plain shift by 31 in the tile loop "
+                f"at line {span[0]}, found {len(hidden)} and {len(plain)}"
+            )
+        (i, m), (_, p) = hidden[0], plain[0]
+        out[copies[m.group(2)]] = ""
+        out[i] = f"\tmov.b32 \t{m.group(1)}, {p.group(1)};"
     return out
 
 
@@ -230,7 +234,7 @@ def cut_share(lines: list[str], how: str) -> list[str]:
         zero = next(
             m.group(2)
             for i in range(*region)
-            if (m := re.match(r"\s*mov\.b32\s+(%r\d+), (%r\d+);", lines[i])) and m.group(1) in gone
+            if (m := _COPY.match(lines[i])) and m.group(1) in gone
         )
         names = re.compile("|".join(rf"{re.escape(r)}(?!\d)" for r in sorted(gone)))
         for i in range(*region):
