@@ -497,6 +497,8 @@ _MOSAIC_BWD_FLAGS = (
     ("step_descriptors", "step-desc"),
     ("query_rows", "query-rows"),
     ("dq_pingpong", "dq-pingpong"),
+    ("share_halves", "share-halves"),
+    ("writer_warp", "writer-warp"),
 )
 
 
@@ -514,7 +516,8 @@ def config_label(c: dict) -> str:
     "slackN" with rescale_slack N, "3wg" with three consumers), or
     "dkv 2x64 q64 s2 dq 2x64 kv64 s2" (warpgroups x their tile, the streamed tile,
     stages; "split" where dV and dK split the warpgroups; "ops-smem", "fused",
-    "fa3-order", "row-mask", "step-desc", "query-rows", "dq-pingpong" where set)."""
+    "fa3-order", "row-mask", "step-desc", "query-rows", "dq-pingpong", "share-halves",
+    "writer-warp" where set)."""
     if "schedule_barrier" in c:
         flags = ("" if c["schedule_barrier"] else " no-pingpong") + (
             "" if c.get("p_in_registers", True) else " p-smem"

@@ -504,14 +504,22 @@ FUSED_CASES = [
 ]
 
 
+# The fused kernel's variants: the step's two orientations, S^T (keys on the rows) and,
+# with `query_rows`, S (P and dS through shared memory); the dQ share in two column
+# halves (`share_halves`, K, Q and dS^T in the narrower swizzle) with the writer as a
+# warp of the producer's warpgroup (`writer_warp`).
+FUSED_VARIANTS = {
+    "keys-rows": {},
+    "query-rows": {"query_rows": True},
+    "share-halves-writer-warp": {"share_halves": True, "writer_warp": True},
+}
+
+
 @pytest.mark.extended
-@pytest.mark.parametrize("query_rows", [False, True], ids=["keys-rows", "query-rows"])
+@pytest.mark.parametrize("variant", FUSED_VARIANTS.values(), ids=FUSED_VARIANTS.keys())
 @pytest.mark.parametrize("case,config", FUSED_CASES, ids=lambda x: getattr(x, "id", None))
-def test_interpret_fused_matches_reference(case, config, query_rows):
-    """Both orientations of the fused step: S^T (keys on the rows) and, with
-    `query_rows`, S (P and dS through shared memory)."""
-    config = dataclasses.replace(config, query_rows=query_rows)
-    _compare(case, config, interpret=True, seed=_seed(case))
+def test_interpret_fused_matches_reference(case, config, variant):
+    _compare(case, dataclasses.replace(config, **variant), interpret=True, seed=_seed(case))
 
 
 @pytest.mark.extended
@@ -530,8 +538,8 @@ def test_interpret_step_descriptors_change_no_bit(case, config):
 
 
 @pytest.mark.extended
-@pytest.mark.parametrize("query_rows", [False, True], ids=["keys-rows", "query-rows"])
-def test_interpret_fused_finds_no_data_race(capsys, query_rows):
+@pytest.mark.parametrize("variant", FUSED_VARIANTS.values(), ids=FUSED_VARIANTS.keys())
+def test_interpret_fused_finds_no_data_race(capsys, variant):
     """The race detector (as test_interpret_finds_no_data_race) over the fused kernel's
     own buffers too: the one dS^T buffer both consumers read and the two share slots
     the writer empties. It does flag the interpreted writer's read-add-store of dQ in
@@ -542,7 +550,7 @@ def test_interpret_fused_finds_no_data_race(capsys, query_rows):
 
     params = plgpu.InterpretGPUParams(detect_races=True)
     case = Case(1, 200, 190, 1, 1, 128, BF16, causal=True)
-    config = dataclasses.replace(FUSED, query_rows=query_rows)  # P and dS share a tile
+    config = dataclasses.replace(FUSED, **variant)  # query_rows: P and dS share a tile
     _compare(case, config, interpret=params, with_dlse=False)
     races = capsys.readouterr().out.split("RACE DETECTED")[1:]
     assert bool(races) == gpu_callbacks.get_races().races_found
@@ -639,6 +647,15 @@ def test_fused_config_validation():
         MosaicBwdConfig(query_rows=True)
     with pytest.raises(ValueError, match="pick one"):
         MosaicBwdConfig(fused=True, fa3_order=True, query_rows=True)
+    for kwargs in ({}, {"fused": True, "query_rows": True}):
+        with pytest.raises(ValueError, match="share_halves .* not query_rows"):
+            MosaicBwdConfig(share_halves=True, **kwargs)
+    with pytest.raises(ValueError, match="writer_warp .* needs fused=True"):
+        MosaicBwdConfig(writer_warp=True)
+    assert (FUSED.share_pieces, dataclasses.replace(FUSED, share_halves=True).share_pieces) == (
+        1,
+        2,
+    )
     # No staging buffer: P and dS reach their wgmmas from the consumer's own tile.
     staged = dataclasses.replace(FUSED, operands_in_registers=False)
     rows = dataclasses.replace(staged, query_rows=True)
@@ -812,6 +829,21 @@ FUSED_LOWERINGS = {
     "h64-rows-query-rows-segments": (64, dataclasses.replace(FUSED_ROWS, query_rows=True), True),
     # Without step_descriptors the tile's index is static: it must lower too.
     "h128-query-rows": (128, dataclasses.replace(FUSED, query_rows=True), False),
+    # The share in 32-column halves (K, Q, dS^T in the 64-byte swizzle), the writer in a
+    # warp (warp_map: no get_global or `not` there).
+    "h128-fa3-order-step-descriptors-halves-writer-warp-segments": (
+        128,
+        dataclasses.replace(
+            FUSED, fa3_order=True, step_descriptors=True, share_halves=True, writer_warp=True
+        ),
+        True,
+    ),
+    "h128-halves": (128, dataclasses.replace(FUSED, share_halves=True), False),
+    "h64-rows-fa3-order-halves": (
+        64,
+        dataclasses.replace(FUSED_ROWS, fa3_order=True, share_halves=True),
+        False,
+    ),
 }
 
 
@@ -1044,6 +1076,21 @@ def test_gpu_fused_query_rows_matches_reference(case):
         fused_mosaic_bwd_config(case.head_dim), query_rows=True, step_descriptors=True
     )
     _compare(case, config, interpret=False, seed=_seed(case))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
+def test_gpu_fused_share_halves_matches_reference(case):
+    """The dQ share in two column halves with the writer in a warp, compiled, in FA3's
+    order with per-step descriptors (the build timed): the reference's tolerance, and
+    the same bits as the whole share (each dQ element the same sum of the same
+    products, the tensor core's over 16 keys at a time either way)."""
+    config = dataclasses.replace(
+        fused_mosaic_bwd_config(case.head_dim), fa3_order=True, step_descriptors=True
+    )
+    halves = dataclasses.replace(config, share_halves=True, writer_warp=True)
+    got = _compare(case, halves, interpret=False, seed=_seed(case))
+    chex.assert_trees_all_equal(got, _compare(case, config, False, seed=_seed(case)))
 
 
 @pytest.mark.gpu

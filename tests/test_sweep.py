@@ -283,8 +283,11 @@ def test_mosaic_backward_label_names_its_flags():
     assert render.config_label(pingpong) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2 dq-pingpong"
     turned = dict(default, fused=True, query_rows=True)
     assert render.config_label(turned) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2 fused query-rows"
+    halves = dict(fused, share_halves=True, writer_warp=True)
+    label = "dkv 2x64 q64 s2 dq 2x64 kv64 s2 fused fa3-order step-desc share-halves writer-warp"
+    assert render.config_label(halves) == label
     rows = dict(default, row_bound_mask=True, operands_in_registers=False)
     assert render.config_label(rows) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2 ops-smem row-mask"
-    new_flags = ("row_bound_mask", "step_descriptors", "query_rows")
+    new_flags = ("row_bound_mask", "step_descriptors", "query_rows", "share_halves", "writer_warp")
     old = {k: v for k, v in default.items() if k not in new_flags}
     assert render.config_label(old) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2"

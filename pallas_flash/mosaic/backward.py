@@ -88,10 +88,12 @@ from pallas_flash.mosaic import dq_adds
 from pallas_flash.mosaic.config import (
     CONSUMER_REGISTERS,
     FUSED_SIDE_REGISTERS,
+    NARROW_SWIZZLE,
     PRODUCER_REGISTERS,
     SMEM_BYTES,
     SOLO_CONSUMER_REGISTERS,
     SWIZZLE,
+    WARP_WRITER_CONSUMER_REGISTERS,
     MosaicBwdConfig,
     padded_head_dim,
     q_do_fit_registers,
@@ -249,11 +251,8 @@ def _dkdv_kernel(
 
     cluster = "cluster" if config.dkdv_q_multicast else None
 
-    @pl.when(wg == consumers)
-    def _producer():
-        plgpu.set_max_registers(
-            FUSED_SIDE_REGISTERS if config.fused else PRODUCER_REGISTERS, action="decrease"
-        )
+    def load_all():
+        """The producer: K and V once, then each step's Q, lse, dO and D."""
         for t in range(tiles):
             keys = (b, pl.ds(k0 + t * bk, bk), kv_head)
             plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem.at[t], kv_ready)
@@ -309,6 +308,8 @@ def _dkdv_kernel(
         lax.fori_loop(jnp.maximum(0, steps - stages), steps, drain, None)
 
     part = config.dq_part(k_smem.shape[-1]) if config.fused else None  # a consumer's dQ slice
+    pieces = config.share_pieces
+    writer = None
     if config.fused:
         writer = functools.partial(
             dq_adds.writer,
@@ -322,15 +323,38 @@ def _dkdv_kernel(
             steps=(lo, hi),
             block_q=bq,
             part=part,
-            semaphores=semaphores,
             interpret=interpret,
         )
-        pl.when(wg == consumers + 1)(writer)
+
+    @pl.when(wg == consumers)
+    def _producer():
+        plgpu.set_max_registers(
+            FUSED_SIDE_REGISTERS if config.fused else PRODUCER_REGISTERS, action="decrease"
+        )
+        if not config.writer_warp:
+            load_all()
+            return
+        sems = dq_adds.semaphores(semaphores, interpret)  # in warpgroup code
+
+        # One warp loads, another adds the dQ shares (MosaicBwdConfig.writer_warp); the
+        # other two idle. The join at the end of warp_map waits for both.
+        def per_warp(warp):
+            pl.when(warp == 0)(load_all)
+            pl.when(warp == 1)(functools.partial(writer, sems=sems, registers=False))
+
+        plgpu.warp_map(per_warp)
+
+    if config.fused and not config.writer_warp:
+
+        @pl.when(wg == consumers + 1)  # a fourth warpgroup
+        def _():
+            writer(sems=dq_adds.semaphores(semaphores, interpret))
 
     def consumer(w, does_dv: bool, does_dk: bool):
         """Warpgroup `w` (static or traced) accumulates dV and/or dK of its key tile
         (and, fused, its slice of each query tile's dQ share)."""
-        plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+        registers = WARP_WRITER_CONSUMER_REGISTERS if config.writer_warp else CONSUMER_REGISTERS
+        plgpu.set_max_registers(registers, action="increase")
         t = 0 if config.split_dkv else w
         kw0 = k0 + t * bk  # the warpgroup's first key
         k_tile, v_tile = k_smem.at[t], v_smem.at[t]
@@ -381,17 +405,27 @@ def _dkdv_kernel(
                 return p_t.astype(dtype), dscores(p_t, dp_ref[...], slot)
 
             p_t, ds_t = pl.run_scoped(scores, *(plgpu.ACC(shape, jnp.float32),) * 2)
-            share0 = plgpu.layout_cast(jnp.zeros(part, jnp.float32), plgpu.Layout.WGMMA)
+            piece = dq_adds.piece_shape(part, pieces)
+            share0 = plgpu.layout_cast(jnp.zeros(piece, jnp.float32), plgpu.Layout.WGMMA)
+            issue = functools.partial(dq_adds.issue_share, fused_scratch, w, k_smem, part, z=z)
 
             def products(refs):
                 dv_ref, share_ref, dk_ref = refs
                 plgpu.wgmma(dv_ref, p_t, do_tile)  # dv += p^T @ do
                 dq_adds.share_ds(fused_scratch, step, w, ds_t)  # while dV runs
-                dq_adds.issue_share(fused_scratch, w, k_smem, part, share_ref, z)
+                issue(share_ref, piece=(0, pieces))
                 plgpu.wgmma(dk_ref, ds_t, q_tile)  # dk += ds^T @ q
                 # dV's and the share's groups are done; dK's runs beside the hand-over.
                 share = plgpu.wgmma_accumulator_load(share_ref, wait_n=1)
-                dq_adds.hand_share(fused_scratch, step, w, share)
+                dq_adds.hand_share(fused_scratch, step, w, share, (0, pieces))
+                for index in range(1, pieces):  # share_halves: the next piece, dK in flight
+
+                    def rest(acc_ref, index=index):
+                        issue(acc_ref, piece=(index, pieces))
+                        return plgpu.wgmma_accumulator_load(acc_ref, wait_n=0)
+
+                    share = pl.run_scoped(rest, plgpu.ACC(piece, jnp.float32))
+                    dq_adds.hand_share(fused_scratch, step, w, share, (index, pieces))
 
             # run_state awaits dK before returning the accumulators.
             dv, _, dk = pl.run_state(products)(
@@ -522,7 +556,7 @@ def _dkdv_kernel(
             carry = tuple(_accumulate(terms, staging))
             plgpu.barrier_arrive(free.at[slot])
             if config.fused:
-                dq_adds.dq_share(fused_scratch, step, w, k_smem, part, z)
+                dq_adds.dq_share(fused_scratch, step, w, k_smem, part, z, pieces=pieces)
             return carry
 
         def per_head(g, carry):
@@ -1107,6 +1141,15 @@ def backward(
         plgpu.SwizzleTransform(SWIZZLE),
     )
     tile = lambda *shape: plgpu.SMEM(shape, q.dtype, transforms=transforms)  # noqa: E731
+    # share_halves: K, Q and the dS^T tiles, the operands a 32-column piece of the dQ
+    # share (and S^T = K Q^T) reads, in the narrower swizzle (config.NARROW_SWIZZLE).
+    narrow = transforms
+    if config.share_halves:
+        narrow = (
+            plgpu.TilingTransform((8, NARROW_SWIZZLE // q.dtype.itemsize)),
+            plgpu.SwizzleTransform(NARROW_SWIZZLE),
+        )
+    narrow_tile = lambda *shape: plgpu.SMEM(shape, q.dtype, transforms=narrow)  # noqa: E731
     f32_transforms = (
         plgpu.TilingTransform((8, SWIZZLE // 4)),
         plgpu.SwizzleTransform(SWIZZLE),
@@ -1152,9 +1195,9 @@ def backward(
         ),
         out_type=tuple(out_type),
         scratch_types=dict(
-            k_smem=tile(tiles, bk, hp),
+            k_smem=narrow_tile(tiles, bk, hp),
             v_smem=tile(tiles, bk, hp),
-            q_smem=tile(stages, bq, hp),
+            q_smem=narrow_tile(stages, bq, hp),
             do_smem=tile(stages, bq, hp),
             lse_smem=plgpu.SMEM((stages, bq), jnp.float32),
             delta_smem=plgpu.SMEM((stages, bq), jnp.float32),
@@ -1177,13 +1220,14 @@ def backward(
                 else None
             ),
             fused_scratch=(
-                dq_adds.scratch(config, hp, q.dtype, transforms, interpreted) if fused else None
+                dq_adds.scratch(config, hp, q.dtype, narrow, interpreted) if fused else None
             ),
         ),
         grid=(K, s_pad // range_keys, B),
         grid_names=("heads", "kv_tiles", "batch"),
-        # The fused kernel's fourth warpgroup adds the dQ shares (dq_adds.writer).
-        num_threads=c_dkv + 1 + fused,
+        # The fused kernel's fourth warpgroup adds the dQ shares (dq_adds.writer), unless
+        # a warp of the producer's does (writer_warp).
+        num_threads=c_dkv + 1 + (fused and not config.writer_warp),
         kernel_name="pallas_flash_mosaic_bwd_fused" if fused else "pallas_flash_mosaic_bwd_dkdv",
         **params,
         **dkdv_cluster,

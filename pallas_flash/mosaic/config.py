@@ -190,6 +190,9 @@ SOLO_CONSUMER_REGISTERS = 256
 # The fused backward adds a fourth warpgroup (dq_adds.writer): the producer and it
 # keep 24 each, 2 * 128 * 24 + 256 * 232 = 65536.
 FUSED_SIDE_REGISTERS = 24
+# With the writer a warp of the producer's warpgroup (MosaicBwdConfig.writer_warp) the
+# fused kernel has three warpgroups, as FA3's backward: 128 * 24 + 256 * 240 = 64512.
+WARP_WRITER_CONSUMER_REGISTERS = 240
 WARPGROUP_THREADS = 128
 # Hardware named barriers (bar.arrive / bar.sync), 16 a CTA, of the forward's
 # named_turns and named_releases. Mosaic GPU takes barrier 0 (a CTA-wide sync) and 1 + w
@@ -201,6 +204,9 @@ NAMED_TURNS = 8
 NAMED_FREE = NAMED_TURNS + NUM_CONSUMERS
 MAX_NAMED_STAGES = (NAMED_BARRIERS - NAMED_FREE) // 2
 SWIZZLE = 128  # bytes: the widest shared-memory swizzle, for conflict-free wgmma reads
+# The fused backward's K, Q and dS^T tiles with share_halves: a 32-column (bf16) slice
+# of a tile is a whole number of this swizzle's 32-element rows, not of SWIZZLE's 64.
+NARROW_SWIZZLE = 64
 # What Mosaic GPU adds: scratch for cross-warp reductions (CompilerParams'
 # reduction_scratch_bytes) and alignment (the estimate below is then within 1 KiB
 # above what Mosaic GPU's lowering reports, checked at head dims 64 to 256).
@@ -666,6 +672,22 @@ class MosaicBwdConfig:
       (bf16, B x T = 16k, non-causal, backward 2k / 8k; fa-mosaic-{64,128}-false-dqpp.
       jsonl): head dim 128 374.6 / 405.7 TFLOP/s against 441.1 / 463.9 (0.85x / 0.87x),
       head dim 64 323.1 / 354.2 against 359.2 / 382.0 (0.90x / 0.93x). Off.
+    share_halves: fused (S^T step): each consumer computes its slice of the dQ share in
+      two halves of its columns, the first handed to the writer's slot before the second
+      is issued, so 16 accumulator registers a thread are in flight where the whole
+      slice held 32. Those 32, beside dK, dV, S^T and dP^T, are what tips ptxas into
+      serializing every wgmma (C7512): on the dumped PTX a share of half the width
+      (`benchmarks.ptx_edit --share half`) leaves it unserialized at 232 registers
+      non-causal and at 240 causal (README, "The dQ share is what the consumers lack").
+      A half is 32 columns, and a wgmma's two operands share one swizzle, so K, Q and
+      the dS^T tiles take the 64-byte swizzle (NARROW_SWIZZLE) rather than 128.
+    writer_warp: fused: the ordered dQ adds (dq_adds.writer) run in one warp of the
+      producer's warpgroup, beside the loads in another, instead of in a fourth
+      warpgroup: three warpgroups as in FA3's backward, so each consumer gets 240
+      registers where it had 232 (WARP_WRITER_CONSUMER_REGISTERS). Built at b4a8ae2
+      (compiled: the same bits on 25 of 25 rows, less spilled, still C7512, 0.95x /
+      0.96x the fused backward without it at head dim 128 non-causal 2k / 8k) and
+      removed at 8d64c73; back for share_halves, which needs 240 causal.
     """
 
     block_q_dkv: int = 64
@@ -691,6 +713,8 @@ class MosaicBwdConfig:
     dq_kv_multicast: bool = False
     dkdv_q_multicast: bool = False
     dq_pingpong: bool = False
+    share_halves: bool = False
+    writer_warp: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
@@ -742,6 +766,13 @@ class MosaicBwdConfig:
             raise ValueError("query_rows orders the fused kernel's step: it needs fused=True")
         if self.query_rows and self.fa3_order:
             raise ValueError("query_rows and fa3_order are two orders of the fused step: pick one")
+        if self.share_halves and not self.fused or self.share_halves and self.query_rows:
+            raise ValueError(
+                "share_halves splits the fused kernel's dQ share of the S^T step: it needs "
+                "fused=True and not query_rows"
+            )
+        if self.writer_warp and not self.fused:
+            raise ValueError("writer_warp places the fused kernel's dQ writer: it needs fused=True")
         if self.fa3_order and not (self.fused and self.operands_in_registers):
             raise ValueError(
                 "fa3_order needs fused=True and operands_in_registers=True (it orders the "
@@ -761,6 +792,11 @@ class MosaicBwdConfig:
             f"fused at head dim {head_dim} with {c} consumers needs block_q_dkv a multiple "
             f"of {64 * c}, not {bq}"
         )
+
+    @property
+    def share_pieces(self) -> int:
+        """Column pieces a consumer's dQ share is computed in, one after another."""
+        return 2 if self.share_halves else 1
 
     @property
     def key_tiles_dkv(self) -> int:

@@ -134,12 +134,18 @@ def share_ds(s, step, w: int, ds_t):
     plgpu.barrier_arrive(s["ds_ready"])
 
 
-def share_pairs(s, w: int, k_smem, part: tuple[int, int], z=0, query_rows: bool = False):
+def share_pairs(
+    s, w: int, k_smem, part: tuple[int, int], z=0, query_rows: bool = False, piece=(0, 1)
+):
     """The (A, B) shared-memory operands of consumer `w`'s slice of the dQ share,
     dS @ K over every key tile of the CTA ([rows, cols] from each pair); their tiles
     indexed with the offset `z` (0: MosaicBwdConfig.step_descriptors). The tiles hold
-    dS^T, or dS itself with `query_rows`."""
+    dS^T, or dS itself with `query_rows`. `piece` (index, count): that column piece of
+    the slice only ([rows, cols / count], MosaicBwdConfig.share_halves)."""
     rows, cols = part
+    index, count = piece
+    width = cols // count
+    c0 = (w * cols if cols < k_smem.shape[-1] else 0) + index * width  # K's first column
     pairs = []
     for t in range(s["ds"].shape[0]):
         ds, k_t = s["ds"].at[t + z], k_smem.at[t + z]  # [bq, bk] (or [bk, bq]), [bk, hp]
@@ -148,45 +154,68 @@ def share_pairs(s, w: int, k_smem, part: tuple[int, int], z=0, query_rows: bool 
         else:  # dS^T: its query columns sliced, then read transposed
             ds = ds.at[:, pl.ds(w * rows, rows)] if rows < ds.shape[1] else ds
             ds = ds.transpose((1, 0))
-        if cols < k_t.shape[1]:
-            k_t = k_t.at[:, pl.ds(w * cols, cols)]
-        pairs.append((ds, k_t))  # ds @ k: [rows, cols]
+        if width < k_t.shape[1]:
+            k_t = k_t.at[:, pl.ds(c0, width)]
+        pairs.append((ds, k_t))  # ds @ k: [rows, width]
     return pairs
 
 
-def issue_share(s, w: int, k_smem, part: tuple[int, int], acc_ref, z=0, query_rows=False):
-    """Issues consumer `w`'s slice of this step's dQ share into `acc_ref` (float32
-    [rows, cols], unscaled: backward.py scales the sum), once every consumer's dS^T is
-    in; the caller awaits the wgmmas."""
-    plgpu.barrier_wait(s["ds_ready"])  # every consumer's dS^T is in
-    for a, b in share_pairs(s, w, k_smem, part, z, query_rows):
+def issue_share(
+    s, w: int, k_smem, part: tuple[int, int], acc_ref, z=0, query_rows=False, piece=(0, 1)
+):
+    """Issues consumer `w`'s slice (or its column `piece`, as share_pairs) of this
+    step's dQ share into `acc_ref` (float32, unscaled: backward.py scales the sum), once
+    every consumer's dS^T is in (awaited by the first piece); the caller awaits the
+    wgmmas."""
+    if piece[0] == 0:
+        plgpu.barrier_wait(s["ds_ready"])  # every consumer's dS^T is in
+    for a, b in share_pairs(s, w, k_smem, part, z, query_rows, piece):
         plgpu.wgmma(acc_ref, a, b)
 
 
-def dq_share(s, step, w: int, k_smem, part: tuple[int, int], z=0, query_rows=False):
+def piece_shape(part: tuple[int, int], pieces: int) -> tuple[int, int]:
+    """[rows, cols / pieces]: the accumulator of one column piece of a share slice."""
+    return part[0], part[1] // pieces
+
+
+def dq_share(
+    s, step, w: int, k_smem, part: tuple[int, int], z=0, query_rows=False, pieces: int = 1
+):
     """Consumer `w`'s slice of this step's dQ share, computed alone (after dK's and dV's
-    wait) and handed to the writer."""
+    wait) in `pieces` column pieces, one after another, and handed to the writer."""
+    for index in range(pieces):
 
-    def mma(acc_ref):
-        issue_share(s, w, k_smem, part, acc_ref, z, query_rows)
-        return acc_ref[...]  # awaits the wgmmas
+        def mma(acc_ref, index=index):
+            issue_share(s, w, k_smem, part, acc_ref, z, query_rows, (index, pieces))
+            return acc_ref[...]  # awaits the wgmmas
 
-    hand_share(s, step, w, pl.run_scoped(mma, plgpu.ACC(part, jnp.float32)))
+        share = pl.run_scoped(mma, plgpu.ACC(piece_shape(part, pieces), jnp.float32))
+        hand_share(s, step, w, share, (index, pieces))
 
 
-def hand_share(s, step, w: int, share):
-    """Frees the dS^T tiles (the share's wgmmas have read them) and hands consumer
-    `w`'s share slice to the writer through this step's slot."""
+def hand_share(s, step, w: int, share, piece=(0, 1)):
+    """Stores consumer `w`'s share slice (or its column `piece`, as share_pairs) in this
+    step's slot; the first piece waits for the slot, and the last frees the dS^T tiles
+    (the share's wgmmas have read them) and hands the slot to the writer."""
+    index, count = piece
     slot = lax.rem(step, jnp.int32(SLOTS))
-    plgpu.barrier_arrive(s["ds_free"])  # done reading the dS^T tiles
+    if index == count - 1:
+        plgpu.barrier_arrive(s["ds_free"])  # done reading the dS^T tiles
 
-    @pl.when(step >= SLOTS)  # the writer has sent this slot's share of SLOTS steps back
-    def _():
-        plgpu.barrier_wait(s["share_free"].at[slot])
+    if index == 0:
 
-    s["share"].at[slot, w][...] = share
-    plgpu.commit_smem()  # visible to the writer's TMA
-    plgpu.barrier_arrive(s["share_ready"].at[slot])
+        @pl.when(step >= SLOTS)  # the writer has sent this slot's share of SLOTS steps back
+        def _():
+            plgpu.barrier_wait(s["share_free"].at[slot])
+
+    dst = s["share"].at[slot, w]
+    if count > 1:
+        width = dst.shape[-1] // count
+        dst = dst.at[:, pl.ds(index * width, width)]
+    dst[...] = share
+    if index == count - 1:
+        plgpu.commit_smem()  # visible to the writer's TMA
+        plgpu.barrier_arrive(s["share_ready"].at[slot])
 
 
 def consumers_done(s, steps):
@@ -205,6 +234,12 @@ def consumers_done(s, steps):
     lax.fori_loop(jnp.maximum(0, steps - SLOTS), steps, drain, None)
 
 
+def semaphores(shape: tuple[int, ...], interpret: bool):
+    """The turn counters [B, N, query tiles] of the module doc (None interpreted, where
+    the CTAs run in order). Taken in warpgroup code: get_global has no warp lowering."""
+    return None if interpret else pl.get_global(plgpu.SemaphoreType.REGULAR(shape))
+
+
 def writer(
     order_refs,
     dq_ref,
@@ -217,21 +252,24 @@ def writer(
     steps,
     block_q: int,
     part: tuple[int, int],
-    semaphores: tuple[int, ...],
+    sems,
     interpret: bool,
+    registers: bool = True,
 ):
-    """The fourth warpgroup: adds each step's shares to dQ [B, T, N, H] (float32) in
-    the order of the module doc. `steps` is the CTA's query-tile range (lo, hi), walked
-    from hi - 1 down for each head of the group, as the consumers do. A slot is freed
-    as soon as its TMA has read it; the turn is handed over once the adds have landed."""
-    plgpu.set_max_registers(FUSED_SIDE_REGISTERS, action="decrease")
+    """The fourth warpgroup (or, with writer_warp, one warp of the producer's, which
+    has set the registers already: `registers` False): adds each step's shares to dQ
+    [B, T, N, H] (float32) in the order of the module doc. `steps` is the CTA's
+    query-tile range (lo, hi), walked from hi - 1 down for each head of the group, as
+    the consumers do. A slot is freed as soon as its TMA has read it; the turn is handed
+    over once the adds have landed. `sems`: `semaphores`' (None interpreted)."""
+    if registers:
+        plgpu.set_max_registers(FUSED_SIDE_REGISTERS, action="decrease")
     index_ref, first_ref, last_ref = order_refs
     lo, hi = steps
     n = hi - lo
     rows, cols = part
     c = s["share"].shape[1]
     own = index_ref[b, span]
-    sems = None if interpret else pl.get_global(plgpu.SemaphoreType.REGULAR(semaphores))
 
     def windows(h, i):  # consumer w's slice of query tile i of head h in dQ
         out = []
@@ -279,9 +317,10 @@ def writer(
             plgpu.barrier_arrive(s["share_free"].at[slot])
             return
         sem = sems.at[b, h, i]
-        is_last = own == last_ref[b, i]
+        last = last_ref[b, i]
+        is_last, not_last = own == last, own != last  # (no `not` in warp code)
 
-        @pl.when((rank > 0) & ~is_last)
+        @pl.when((rank > 0) & not_last)
         def _():
             pl.semaphore_wait(sem, rank, decrement=False)  # our turn
 
