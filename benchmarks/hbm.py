@@ -21,6 +21,7 @@ import csv
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -72,21 +73,43 @@ def child(impl_name: str) -> None:
     stop()
 
 
-def run_under_ncu(ncu: str, metrics, child_args: list[str], timeout: float, sections=()):
-    """Runs `python -m <child_args>` under Nsight Compute, collecting `metrics` (and every
-    metric of the named `sections`) for every kernel between the child's
-    cudaProfilerStart/Stop (see `_profiler`), as CSV in base units. The clocks stay as
-    they are (`--clock-control none`), and XLA's autotuner is off in the child (XLA
-    crashes under ncu otherwise; see ../shared/ANCHORS.md)."""
+def ncu_command(ncu: str, metrics, sections=(), kernels: str | None = None) -> list[str]:
+    """The Nsight Compute command line of `run_under_ncu`; `kernels`, a regular
+    expression, keeps the kernels whose names match it (each section replays every
+    profiled kernel, so profiling XLA's small kernels too can outlast a call)."""
     cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv"]
     cmd += ["--print-units", "base", "--metrics", ",".join(metrics)]
     for section in sections:
         cmd += ["--section", section]
-    cmd += [sys.executable, "-m"]
+    if kernels:
+        cmd += ["--kernel-name", f"regex:{kernels}"]
+    return cmd + [sys.executable, "-m"]
+
+
+def run_under_ncu(
+    ncu: str, metrics, child_args: list[str], timeout: float, sections=(), kernels=None
+):
+    """Runs `python -m <child_args>` under Nsight Compute, collecting `metrics` (and every
+    metric of the named `sections`) for every kernel (or those `kernels` matches, see
+    `ncu_command`) between the child's cudaProfilerStart/Stop (see `_profiler`), as CSV
+    in base units. The clocks stay as they are (`--clock-control none`), and XLA's
+    autotuner is off in the child (XLA crashes under ncu otherwise; see
+    ../shared/ANCHORS.md). Past `timeout` the whole process group is killed, the
+    profiled child with ncu: a child left running holds the GPU, and every later
+    profile in the call then fails to find it."""
     env = dict(os.environ, XLA_FLAGS="--xla_gpu_autotune_level=0")
-    return subprocess.run(
-        cmd + child_args, capture_output=True, text=True, env=env, check=False, timeout=timeout
-    )
+    cmd = ncu_command(ncu, metrics, sections, kernels) + child_args
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _profiler():

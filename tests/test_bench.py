@@ -936,3 +936,34 @@ def test_sustained_phases_time_per_call():
     assert len(calls) == 42 and time.perf_counter() - start >= 0.1  # two 50 ms pauses
     assert all(0.002 <= t < 0.05 for t in isolated)  # the pause is not in the time
     assert len(sustained.phase_times(f, args, "synced", 3)) == 3 and len(calls) == 45
+
+
+def test_ncu_command_filters_kernels_and_a_timeout_kills_the_profiled_child(tmp_path):
+    """`--kernels` reaches ncu as a name filter; past the timeout the profiled child dies
+    with its launcher (a fake ncu that starts a sleeping grandchild and waits on it)."""
+    import subprocess
+    import time
+
+    from benchmarks import hbm
+
+    cmd = hbm.ncu_command("ncu", ["m"], ["SpeedOfLight"], "bwd|bprop")
+    assert cmd[cmd.index("--kernel-name") + 1] == "regex:bwd|bprop"
+    assert "--kernel-name" not in hbm.ncu_command("ncu", ["m"])
+    pid_file = tmp_path / "child.pid"
+    fake = tmp_path / "ncu"
+    fake.write_text(f"#!/bin/sh\nsleep 60 & echo $! > {pid_file}\nwait\n")
+    fake.chmod(0o755)
+    with pytest.raises(subprocess.TimeoutExpired):
+        hbm.run_under_ncu(str(fake), ["m"], ["x"], timeout=1.0)
+    child = int(pid_file.read_text())
+    stat = f"/proc/{child}/stat"
+    for _ in range(50):  # gone, or a zombie that no init has reaped yet
+        try:
+            with open(stat) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the profiled child {child} outlived the timeout")
