@@ -681,13 +681,21 @@ class MosaicBwdConfig:
       non-causal and at 240 causal (README, "The dQ share is what the consumers lack").
       A half is 32 columns, and a wgmma's two operands share one swizzle, so K, Q and
       the dS^T tiles take the 64-byte swizzle (NARROW_SWIZZLE) rather than 128.
+      Compiled at 2b60086 with writer_warp, in FA3's order with step_descriptors (head
+      dim 128, `results/mosaic-2b60086/`): no C7512 (64 / 276 bytes of spill stores
+      non-causal / causal; without writer_warp, at 232 registers, C7512 still), and
+      backward 433.3 / 408.3 TFLOP/s at 8k against 442.1 / 397.5 without the two
+      (0.98x / 1.03x; the pair 460.1 / 445.5, cuDNN 509.5 / 473.1); 6 of the 25
+      compiled reference rows ran, and passed. Off: the serialization was not what
+      held the fused kernel back (README, "Half shares").
     writer_warp: fused: the ordered dQ adds (dq_adds.writer) run in one warp of the
       producer's warpgroup, beside the loads in another, instead of in a fourth
       warpgroup: three warpgroups as in FA3's backward, so each consumer gets 240
       registers where it had 232 (WARP_WRITER_CONSUMER_REGISTERS). Built at b4a8ae2
       (compiled: the same bits on 25 of 25 rows, less spilled, still C7512, 0.95x /
       0.96x the fused backward without it at head dim 128 non-causal 2k / 8k) and
-      removed at 8d64c73; back for share_halves, which needs 240 causal.
+      removed at 8d64c73; back for share_halves, which needs 240 causal (timed with
+      it at 2b60086, above).
     """
 
     block_q_dkv: int = 64
