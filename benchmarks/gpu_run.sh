@@ -152,13 +152,14 @@ for step in "$@"; do
     # default ours and cuDNN): which of the backward's kernels holds its time. PROFILE_PASS=fwd
     # profiles the forward alone; PROFILE_SECTIONS (ncu sections, comma-separated) keeps
     # their metrics too, e.g. SpeedOfLight,ComputeWorkloadAnalysis,WarpStateStats;
-    # PROFILE_KERNELS (a regular expression) profiles only the kernels it matches.
+    # PROFILE_KERNELS (a regular expression) profiles only the kernels it matches;
+    # PROFILE_DETAILS=1 keeps the sections' bodies too (stall reasons, pipe utilisation).
     profile-fa:*) spec=${step#profile-fa:}; hd=${spec%%:*}; spec=${spec#*:}; seqs=${spec%%:*}
              causal=; [ "$spec" != "$seqs" ] && causal=${spec#*:}
              timeout 400 python3 -m benchmarks.profile --suite fa --head-dims "$hd" --seqs "$seqs" \
                ${causal:+--causal "$causal"} --impls "${PROFILE_IMPLS:-pallas_flash:mosaic,jax.nn:cudnn}" \
                --pass "${PROFILE_PASS:-fwd+bwd}" --sections "${PROFILE_SECTIONS:-}" \
-               ${PROFILE_KERNELS:+--kernels "$PROFILE_KERNELS"} \
+               ${PROFILE_KERNELS:+--kernels "$PROFILE_KERNELS"} ${PROFILE_DETAILS:+--details} \
                --out "$OUT/profile-fa.jsonl" ;;
     fa:*) timeout 590 python3 -m benchmarks.bench --suite fa --commit "$commit" \
              --run-id "$run_id" --time-budget "${step#fa:}" --out "$OUT/fa.jsonl" ;;

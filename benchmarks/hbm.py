@@ -73,32 +73,45 @@ def child(impl_name: str) -> None:
     stop()
 
 
-def ncu_command(ncu: str, metrics, sections=(), kernels: str | None = None) -> list[str]:
+def ncu_command(
+    ncu: str, metrics, sections=(), kernels: str | None = None, details: bool = False
+) -> list[str]:
     """The Nsight Compute command line of `run_under_ncu`; `kernels`, a regular
     expression, keeps the kernels whose names match it (each section replays every
-    profiled kernel, so profiling XLA's small kernels too can outlast a call)."""
+    profiled kernel, so profiling XLA's small kernels too can outlast a call).
+    `details`: the sections' bodies too (`--print-details all`: the warp stall reasons
+    of WarpStateStats, the pipe utilisation of ComputeWorkloadAnalysis), where the CSV
+    otherwise holds their headline metrics only."""
     cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv"]
     cmd += ["--print-units", "base", "--metrics", ",".join(metrics)]
     for section in sections:
         cmd += ["--section", section]
+    if details and sections:
+        cmd += ["--print-details", "all"]
     if kernels:
         cmd += ["--kernel-name", f"regex:{kernels}"]
     return cmd + [sys.executable, "-m"]
 
 
 def run_under_ncu(
-    ncu: str, metrics, child_args: list[str], timeout: float, sections=(), kernels=None
+    ncu: str,
+    metrics,
+    child_args: list[str],
+    timeout: float,
+    sections=(),
+    kernels=None,
+    details: bool = False,
 ):
     """Runs `python -m <child_args>` under Nsight Compute, collecting `metrics` (and every
-    metric of the named `sections`) for every kernel (or those `kernels` matches, see
-    `ncu_command`) between the child's cudaProfilerStart/Stop (see `_profiler`), as CSV
-    in base units. The clocks stay as they are (`--clock-control none`), and XLA's
-    autotuner is off in the child (XLA crashes under ncu otherwise; see
-    ../shared/ANCHORS.md). Past `timeout` the whole process group is killed, the
+    metric of the named `sections`, with their bodies if `details`) for every kernel (or
+    those `kernels` matches, see `ncu_command`) between the child's
+    cudaProfilerStart/Stop (see `_profiler`), as CSV in base units. The clocks stay as
+    they are (`--clock-control none`), and XLA's autotuner is off in the child (XLA
+    crashes under ncu otherwise; see ../shared/ANCHORS.md). Past `timeout` the whole process group is killed, the
     profiled child with ncu: a child left running holds the GPU, and every later
     profile in the call then fails to find it."""
     env = dict(os.environ, XLA_FLAGS="--xla_gpu_autotune_level=0")
-    cmd = ncu_command(ncu, metrics, sections, kernels) + child_args
+    cmd = ncu_command(ncu, metrics, sections, kernels, details) + child_args
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         start_new_session=True,

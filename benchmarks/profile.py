@@ -102,6 +102,9 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--kernels", default=None, help="a regular expression: profile only the kernels it matches"
     )
+    parser.add_argument(
+        "--details", action="store_true", help="the sections' bodies too (stall reasons, pipes)"
+    )
     parser.add_argument("--out", default=None)
     parser.add_argument("--ncu", default="ncu")
     parser.add_argument("--timeout", type=float, default=240, help="seconds per shape")
@@ -130,8 +133,9 @@ def main(argv=None) -> int:
             row = dict(impl=impl, **s.row(), error=None, kernels=[], **{"pass": args.pass_})
             try:
                 proc = run_under_ncu(
-                    args.ncu, METRICS, child_args, args.timeout, sections, args.kernels
-                )
+                    args.ncu, METRICS, child_args, args.timeout, sections, args.kernels,
+                    args.details,
+                )  # fmt: skip
                 row["kernels"] = parse_ncu_kernels(proc.stdout)
                 if proc.returncode or not row["kernels"]:
                     raise RuntimeError(f"ncu exit {proc.returncode}: {proc.stderr[-300:]}")

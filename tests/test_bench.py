@@ -949,6 +949,10 @@ def test_ncu_command_filters_kernels_and_a_timeout_kills_the_profiled_child(tmp_
     cmd = hbm.ncu_command("ncu", ["m"], ["SpeedOfLight"], "bwd|bprop")
     assert cmd[cmd.index("--kernel-name") + 1] == "regex:bwd|bprop"
     assert "--kernel-name" not in hbm.ncu_command("ncu", ["m"])
+    assert "--print-details" not in cmd  # the sections' headline metrics only, unless asked
+    details = hbm.ncu_command("ncu", ["m"], ["WarpStateStats"], details=True)
+    assert details[details.index("--print-details") + 1] == "all"
+    assert "--print-details" not in hbm.ncu_command("ncu", ["m"], details=True)  # no sections
     pid_file = tmp_path / "child.pid"
     fake = tmp_path / "ncu"
     fake.write_text(f"#!/bin/sh\nsleep 60 & echo $! > {pid_file}\nwait\n")
