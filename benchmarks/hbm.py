@@ -107,9 +107,9 @@ def run_under_ncu(
     those `kernels` matches, see `ncu_command`) between the child's
     cudaProfilerStart/Stop (see `_profiler`), as CSV in base units. The clocks stay as
     they are (`--clock-control none`), and XLA's autotuner is off in the child (XLA
-    crashes under ncu otherwise; see ../shared/ANCHORS.md). Past `timeout` the whole process group is killed, the
-    profiled child with ncu: a child left running holds the GPU, and every later
-    profile in the call then fails to find it."""
+    crashes under ncu otherwise; see ../shared/ANCHORS.md). Past `timeout` the whole
+    process group is killed, the profiled child with ncu: a child left running holds
+    the GPU, and every later profile in the call then fails to find it."""
     env = dict(os.environ, XLA_FLAGS="--xla_gpu_autotune_level=0")
     cmd = ncu_command(ncu, metrics, sections, kernels, details) + child_args
     proc = subprocess.Popen(
