@@ -507,19 +507,29 @@ FUSED_CASES = [
 # The fused kernel's variants: the step's two orientations, S^T (keys on the rows) and,
 # with `query_rows`, S (P and dS through shared memory); the dQ share in two column
 # halves (`share_halves`, K, Q and dS^T in the narrower swizzle) with the writer as a
-# warp of the producer's warpgroup (`writer_warp`).
+# warp of the producer's warpgroup (`writer_warp`); each consumer's share over its own
+# keys, consumer 1 adding consumer 0's (`chained_share`).
 FUSED_VARIANTS = {
     "keys-rows": {},
     "query-rows": {"query_rows": True},
     "share-halves-writer-warp": {"share_halves": True, "writer_warp": True},
+    "chained-share": {"chained_share": True},
 }
+
+
+def _variant(config, variant: dict):
+    """`config` with a FUSED_VARIANTS entry; chained_share needs two consumers, so a
+    one-consumer config keeps its own share there."""
+    if variant.get("chained_share") and config.consumers_dkv != 2:
+        return config
+    return dataclasses.replace(config, **variant)
 
 
 @pytest.mark.extended
 @pytest.mark.parametrize("variant", FUSED_VARIANTS.values(), ids=FUSED_VARIANTS.keys())
 @pytest.mark.parametrize("case,config", FUSED_CASES, ids=lambda x: getattr(x, "id", None))
 def test_interpret_fused_matches_reference(case, config, variant):
-    _compare(case, dataclasses.replace(config, **variant), interpret=True, seed=_seed(case))
+    _compare(case, _variant(config, variant), interpret=True, seed=_seed(case))
 
 
 @pytest.mark.extended
@@ -652,10 +662,15 @@ def test_fused_config_validation():
             MosaicBwdConfig(share_halves=True, **kwargs)
     with pytest.raises(ValueError, match="writer_warp .* needs fused=True"):
         MosaicBwdConfig(writer_warp=True)
-    assert (FUSED.share_pieces, dataclasses.replace(FUSED, share_halves=True).share_pieces) == (
-        1,
-        2,
-    )
+    halves = dataclasses.replace(FUSED, share_halves=True)
+    assert (FUSED.share_pieces, halves.share_pieces) == (1, 2)
+    for kwargs in ({}, {"fused": True, "consumers_dkv": 1}, {"fused": True, "query_rows": True},
+                   {"fused": True, "share_halves": True}):  # fmt: skip
+        with pytest.raises(ValueError, match="chained_share .* needs fused=True"):
+            MosaicBwdConfig(chained_share=True, **kwargs)
+    # One writer slot and consumer 0's parts in place of the second slot: the same bytes.
+    chained = dataclasses.replace(FUSED, chained_share=True)
+    assert chained.smem_bytes_dkv(128) - FUSED.smem_bytes_dkv(128) == 8 * 2 * 2  # barriers
     # No staging buffer: P and dS reach their wgmmas from the consumer's own tile.
     staged = dataclasses.replace(FUSED, operands_in_registers=False)
     rows = dataclasses.replace(staged, query_rows=True)
@@ -839,6 +854,19 @@ FUSED_LOWERINGS = {
         True,
     ),
     "h128-halves": (128, dataclasses.replace(FUSED, share_halves=True), False),
+    # Each consumer's share over its own keys, consumer 1 starting from consumer 0's
+    # parts (in FA3's order a nested run_state per part after the first).
+    "h128-fa3-order-step-descriptors-chained-segments": (
+        128,
+        dataclasses.replace(FUSED, fa3_order=True, step_descriptors=True, chained_share=True),
+        True,
+    ),
+    "h128-chained": (128, dataclasses.replace(FUSED, chained_share=True), False),
+    "h64-rows-fa3-order-chained": (
+        64,
+        dataclasses.replace(FUSED_ROWS, fa3_order=True, chained_share=True),
+        False,
+    ),
     "h64-rows-fa3-order-halves": (
         64,
         dataclasses.replace(FUSED_ROWS, fa3_order=True, share_halves=True),
@@ -1091,6 +1119,20 @@ def test_gpu_fused_share_halves_matches_reference(case):
     halves = dataclasses.replace(config, share_halves=True, writer_warp=True)
     got = _compare(case, halves, interpret=False, seed=_seed(case))
     chex.assert_trees_all_equal(got, _compare(case, config, False, seed=_seed(case)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
+def test_gpu_fused_chained_share_matches_reference(case):
+    """Each consumer's share over its own keys, consumer 1 adding consumer 0's, compiled
+    in FA3's order with per-step descriptors (the reference's tolerance; its bits are
+    its own: the share's terms are added in another order). Two calls, the same bits."""
+    config = dataclasses.replace(
+        fused_mosaic_bwd_config(case.head_dim), fa3_order=True, step_descriptors=True
+    )
+    config = _variant(config, {"chained_share": True})
+    first = _compare(case, config, interpret=False, seed=_seed(case))
+    chex.assert_trees_all_equal(first, _compare(case, config, False, seed=_seed(case)))
 
 
 @pytest.mark.gpu

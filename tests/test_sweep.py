@@ -286,8 +286,17 @@ def test_mosaic_backward_label_names_its_flags():
     halves = dict(fused, share_halves=True, writer_warp=True)
     label = "dkv 2x64 q64 s2 dq 2x64 kv64 s2 fused fa3-order step-desc share-halves writer-warp"
     assert render.config_label(halves) == label
+    chained = dict(default, fused=True, chained_share=True)
+    assert render.config_label(chained) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2 fused chained-share"
     rows = dict(default, row_bound_mask=True, operands_in_registers=False)
     assert render.config_label(rows) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2 ops-smem row-mask"
-    new_flags = ("row_bound_mask", "step_descriptors", "query_rows", "share_halves", "writer_warp")
+    new_flags = (
+        "row_bound_mask",
+        "step_descriptors",
+        "query_rows",
+        "share_halves",
+        "writer_warp",
+        "chained_share",
+    )
     old = {k: v for k, v in default.items() if k not in new_flags}
     assert render.config_label(old) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2"

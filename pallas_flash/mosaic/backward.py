@@ -405,6 +405,8 @@ def _dkdv_kernel(
                 return p_t.astype(dtype), dscores(p_t, dp_ref[...], slot)
 
             p_t, ds_t = pl.run_scoped(scores, *(plgpu.ACC(shape, jnp.float32),) * 2)
+            if config.chained_share:
+                return chained_fa3_products(carry, step, slot, q_tile, do_tile, z, p_t, ds_t)
             piece = dq_adds.piece_shape(part, pieces)
             share0 = plgpu.layout_cast(jnp.zeros(piece, jnp.float32), plgpu.Layout.WGMMA)
             issue = functools.partial(dq_adds.issue_share, fused_scratch, w, k_smem, part, z=z)
@@ -430,6 +432,39 @@ def _dkdv_kernel(
             # run_state awaits dK before returning the accumulators.
             dv, _, dk = pl.run_state(products)(
                 tuple(plgpu.ACC.init(x) for x in (carry[0], share0, carry[1]))
+            )
+            plgpu.barrier_arrive(free.at[slot])
+            return dv, dk
+
+        def chained_fa3_products(carry, step, slot, q_tile, do_tile, z, p_t, ds_t):
+            """fa3_step's products with `chained_share`: dV; this consumer's dS^T stored for
+            its own share while dV runs; the share's first part (started, for consumer 1,
+            from consumer 0's) and dK queued behind it, the part handed on while dK runs;
+            then the other parts."""
+            parts = fused_scratch["share"].shape[1]
+            start = dq_adds.chained_start(fused_scratch, w, 0, part)
+            hand = functools.partial(dq_adds.chained_hand, fused_scratch, step, w, parts=parts)
+            pair = functools.partial(dq_adds.chained_pair, fused_scratch, w, k_smem, part=part, z=z)
+
+            def products(refs):
+                dv_ref, share_ref, dk_ref = refs
+                plgpu.wgmma(dv_ref, p_t, do_tile)  # dv += p^T @ do
+                dq_adds.publish_own_ds(fused_scratch, w, ds_t)  # while dV runs
+                plgpu.wgmma(share_ref, *pair(0))
+                plgpu.wgmma(dk_ref, ds_t, q_tile)  # dk += ds^T @ q
+                # dV's and the part's groups are done; dK's runs beside the hand-over.
+                hand(0, plgpu.wgmma_accumulator_load(share_ref, wait_n=1))
+                for p in range(1, parts):
+
+                    def onto(acc_ref, p=p):  # indexed inside: see dq_adds.chained_share
+                        plgpu.wgmma(acc_ref, *pair(p))
+
+                    start_p = dq_adds.chained_start(fused_scratch, w, p, part)
+                    hand(p, pl.run_state(onto)(plgpu.ACC.init(start_p)))  # awaited
+
+            # run_state awaits dK before returning the accumulators.
+            dv, _, dk = pl.run_state(products)(
+                tuple(plgpu.ACC.init(x) for x in (carry[0], start, carry[1]))
             )
             plgpu.barrier_arrive(free.at[slot])
             return dv, dk
@@ -551,11 +586,15 @@ def _dkdv_kernel(
             if does_dk:
                 ds_t = dscores(p_t, products[1], slot)
                 terms.append((carry[-1], ds_t, q_tile))  # dk += ds^T @ q: [bk, hp]
-                if config.fused:  # the other consumers' dQ slices read this tile's dS^T
+                if config.fused and not config.chained_share:
+                    # the other consumers' dQ slices read this tile's dS^T
                     dq_adds.share_ds(fused_scratch, step, w, ds_t)
             carry = tuple(_accumulate(terms, staging))
             plgpu.barrier_arrive(free.at[slot])
-            if config.fused:
+            if config.chained_share:
+                staged = staging is not None
+                dq_adds.chained_share(fused_scratch, step, w, k_smem, part, ds_t, z, staged)
+            elif config.fused:
                 dq_adds.dq_share(fused_scratch, step, w, k_smem, part, z, pieces=pieces)
             return carry
 
@@ -586,7 +625,7 @@ def _dkdv_kernel(
             plgpu.barrier_arrive(done)
             plgpu.barrier_wait(done)
         if config.fused:  # the other consumers' last dQ slices read this K tile
-            dq_adds.consumers_done(fused_scratch, group * n)
+            dq_adds.consumers_done(fused_scratch, group * n, w)
         outs = []
         if does_dv:
             outs.append((v_tile, accs[0], dv_ref))

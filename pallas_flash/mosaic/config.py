@@ -696,6 +696,22 @@ class MosaicBwdConfig:
       0.96x the fused backward without it at head dim 128 non-causal 2k / 8k) and
       removed at 8d64c73; back for share_halves, which needs 240 causal (timed with
       it at 2b60086, above).
+    chained_share: fused, two consumers: neither waits for the other's dS^T. Each
+      computes the dQ share over its own key tile only, for the whole query tile, one
+      64 x 64 part at a time (32 accumulator registers, as a consumer's slice held);
+      consumer 0 hands each part to consumer 1 through shared memory, and consumer 1
+      starts its own part's wgmmas from it (its accumulator loaded with consumer 0's
+      sum) and hands the total to the writer. So consumer 0 may run up to a step ahead
+      of consumer 1 rather than meeting it at every step's dS^T exchange, where both
+      then ran their exp2 at once with the tensor cores idle (README, "Half shares":
+      under Nsight Compute the fused kernel's tensor cores were busy 46 % of the time,
+      the pair's dK/dV kernel's, whose consumers never meet, 73 %). Deterministic (the
+      same sums in the same order every call) but not the unchained kernel's bits (the
+      share's terms are added in another order). Its shared memory: consumer 0's
+      parts (one step) and one writer slot, where the unchained kernel has two writer
+      slots; K keeps its 128-byte swizzle (a part is 64 columns). Checked in GPU
+      interpret mode (the reference, no data race) and lowered for sm_90 on CPU; not
+      yet compiled on the H200.
     """
 
     block_q_dkv: int = 64
@@ -723,6 +739,7 @@ class MosaicBwdConfig:
     dq_pingpong: bool = False
     share_halves: bool = False
     writer_warp: bool = False
+    chained_share: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
@@ -779,6 +796,13 @@ class MosaicBwdConfig:
                 "share_halves splits the fused kernel's dQ share of the S^T step: it needs "
                 "fused=True and not query_rows"
             )
+        if self.chained_share and not (
+            self.fused and self.consumers_dkv == 2 and not self.query_rows and not self.share_halves
+        ):
+            raise ValueError(
+                "chained_share chains the fused kernel's two consumers: it needs fused=True, "
+                "consumers_dkv=2, and neither query_rows nor share_halves"
+            )
         if self.writer_warp and not self.fused:
             raise ValueError("writer_warp places the fused kernel's dQ writer: it needs fused=True")
         if self.fa3_order and not (self.fused and self.operands_in_registers):
@@ -828,6 +852,8 @@ class MosaicBwdConfig:
             c = self.consumers_dkv
             staged += c * bk * bq * itemsize + 2 * bq * head_dim * 4
             barriers += 8 * 7
+            if self.chained_share:  # one writer slot and consumer 0's parts instead
+                barriers += 8 * 2 * c
         return kv + ring + staged + barriers + _MOSAIC_OVERHEAD
 
     def smem_bytes_dq(self, head_dim: int, itemsize: int = 2) -> int:

@@ -59,7 +59,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_flash.mosaic.config import FUSED_SIDE_REGISTERS, SWIZZLE, MosaicBwdConfig
 
-SLOTS = 2  # dQ shares in flight per consumer (dS^T tiles: one)
+SLOTS = 2  # dQ shares in flight per consumer (dS^T tiles: one); chained_share: one
 
 
 def order_tables(ranges, num_tiles: int):
@@ -103,18 +103,28 @@ def scratch(config: MosaicBwdConfig, head_dim: int, dtype, transforms, interpret
     c, bq, bk = config.consumers_dkv, config.block_q_dkv, config.block_kv_dkv
     rows, cols = config.dq_part(head_dim)
     f32 = (plgpu.TilingTransform((8, SWIZZLE // 4)), plgpu.SwizzleTransform(SWIZZLE))
+    chained = config.chained_share
+    slots = 1 if chained else SLOTS
     out = dict(
         # dS^T [bk, bq] each, or with query_rows P and then dS [bq, bk]
         ds=plgpu.SMEM(
             (c, bq, bk) if config.query_rows else (c, bk, bq), dtype, transforms=transforms
         ),
-        share=plgpu.SMEM((SLOTS, c, rows, cols), jnp.float32, transforms=f32),
-        ds_ready=plgpu.Barrier(num_arrivals=c),
-        ds_free=plgpu.Barrier(num_arrivals=c),
-        share_ready=plgpu.Barrier(num_arrivals=c, num_barriers=SLOTS),
-        share_free=plgpu.Barrier(num_barriers=SLOTS),
+        # Each step's share, part w of the query tile's [bq, head dim] in [slot, w]:
+        # consumer w's slice, or (chained) consumer 1's totals of every part.
+        share=plgpu.SMEM((slots, c, rows, cols), jnp.float32, transforms=f32),
+        # chained: only consumer 1 hands the slot over
+        share_ready=plgpu.Barrier(num_arrivals=1 if chained else c, num_barriers=slots),
+        share_free=plgpu.Barrier(num_barriers=slots),
         done=plgpu.Barrier(num_arrivals=c),
     )
+    if chained:  # consumer 0's sums of each part, for consumer 1 to start from
+        out["lead"] = plgpu.SMEM((c, rows, cols), jnp.float32, transforms=f32)
+        out["lead_ready"] = plgpu.Barrier(num_barriers=c)
+        out["lead_free"] = plgpu.Barrier(num_barriers=c)
+    else:  # the dS^T tiles every consumer's slice reads
+        out["ds_ready"] = plgpu.Barrier(num_arrivals=c)
+        out["ds_free"] = plgpu.Barrier(num_arrivals=c)
     if interpret:  # the running dQ, read back for the add
         out["old"] = plgpu.SMEM((c, rows, cols), jnp.float32, transforms=f32)
         out["old_ready"] = plgpu.Barrier(num_arrivals=c)
@@ -198,40 +208,141 @@ def hand_share(s, step, w: int, share, piece=(0, 1)):
     step's slot; the first piece waits for the slot, and the last frees the dS^T tiles
     (the share's wgmmas have read them) and hands the slot to the writer."""
     index, count = piece
-    slot = lax.rem(step, jnp.int32(SLOTS))
     if index == count - 1:
         plgpu.barrier_arrive(s["ds_free"])  # done reading the dS^T tiles
+    cols = None
+    if count > 1:
+        width = s["share"].shape[-1] // count
+        cols = pl.ds(index * width, width)
+    _to_writer(s, step, w, share, index == 0, index == count - 1, cols)
 
-    if index == 0:
 
-        @pl.when(step >= SLOTS)  # the writer has sent this slot's share of SLOTS steps back
+def _to_writer(s, step, part: int, value, first: bool, last: bool, cols=None):
+    """Stores `value` in part `part` (its columns `cols`, or all) of this step's writer
+    slot: the first store of a step waits for the slot, and the last hands it over."""
+    slots = s["share"].shape[0]
+    slot = lax.rem(step, jnp.int32(slots))
+    if first:
+
+        @pl.when(step >= slots)  # the writer has sent this slot's share of `slots` steps back
         def _():
             plgpu.barrier_wait(s["share_free"].at[slot])
 
-    dst = s["share"].at[slot, w]
-    if count > 1:
-        width = dst.shape[-1] // count
-        dst = dst.at[:, pl.ds(index * width, width)]
-    dst[...] = share
-    if index == count - 1:
+    dst = s["share"].at[slot, part]
+    dst = dst if cols is None else dst.at[:, cols]
+    dst[...] = value
+    if last:
         plgpu.commit_smem()  # visible to the writer's TMA
         plgpu.barrier_arrive(s["share_ready"].at[slot])
 
 
-def consumers_done(s, steps):
+# --- chained_share: each consumer's share over its own key tile, consumer 1 adding
+# consumer 0's (MosaicBwdConfig.chained_share) -------------------------------------
+
+
+def publish_own_ds(s, w: int, ds_t):
+    """Consumer `w` stores its dS^T tile [block_kv, block_q] for its own share only: the
+    last step's share wgmmas, which read the buffer, were awaited before their hand-over."""
+    s["ds"].at[w][...] = ds_t
+    plgpu.commit_smem()  # visible to the wgmma's async reads
+
+
+def chained_pair(s, w: int, k_smem, p: int, part: tuple[int, int], z=0):
+    """(A, B) of consumer `w`'s part `p` of the share over its own key tile: its dS^T
+    tile's query columns of the part, read transposed, and its K tile's head-dim columns
+    of it (the parts lie as `writer`'s windows do; `z` as in share_pairs)."""
+    rows, cols = part
+    ds, k_t = s["ds"].at[w + z], k_smem.at[w + z]  # [bk, bq], [bk, hp]
+    if rows < ds.shape[1]:  # the query rows split into parts
+        ds = ds.at[:, pl.ds(p * rows, rows)]
+    if cols < k_t.shape[1]:  # the head-dim columns split into parts
+        k_t = k_t.at[:, pl.ds(p * cols, cols)]
+    return ds.transpose((1, 0)), k_t
+
+
+def chained_start(s, w: int, p: int, part: tuple[int, int]):
+    """What consumer `w`'s part `p` starts from: zeros for consumer 0; for consumer 1,
+    consumer 0's sum of the part, awaited and read (its buffer then freed)."""
+    if w == 0:
+        return plgpu.layout_cast(jnp.zeros(part, jnp.float32), plgpu.Layout.WGMMA)
+    plgpu.barrier_wait(s["lead_ready"].at[p])
+    start = plgpu.load(s["lead"].at[p], layout=plgpu.Layout.WGMMA)
+    plgpu.barrier_arrive(s["lead_free"].at[p])  # every thread has read its share of it
+    return start
+
+
+def chained_hand(s, step, w: int, p: int, value, parts: int):
+    """Consumer 0 hands its part `p` to consumer 1 (once consumer 1 has read the last
+    step's); consumer 1 stores its total in the writer's slot (the last part hands the
+    slot over)."""
+    if w == 1:
+        _to_writer(s, step, p, value, p == 0, p == parts - 1)
+        return
+
+    @pl.when(step > 0)
+    def _():
+        plgpu.barrier_wait(s["lead_free"].at[p])
+
+    s["lead"].at[p][...] = value
+    plgpu.barrier_arrive(s["lead_ready"].at[p])
+
+
+def chained_share(s, step, w: int, k_smem, part: tuple[int, int], ds_t, z=0, staged=False):
+    """Consumer `w`'s parts of this step's share over its own key tile, computed alone
+    (after dK's and dV's wait), each started from `chained_start` and handed on
+    (`chained_hand`). `staged` (GPU interpret mode, where a wgmma cannot accumulate in
+    place): each part's products land in a fresh accumulator, added to the start."""
+    publish_own_ds(s, w, ds_t)
+    parts = s["share"].shape[1]
+    for p in range(parts):
+        start = chained_start(s, w, p, part)
+
+        # The operands are indexed where they are used: a ref indexed outside
+        # pl.run_state and closed over fails to lower there.
+        def mma(acc_ref, p=p):
+            plgpu.wgmma(acc_ref, *chained_pair(s, w, k_smem, p, part, z))
+
+        if staged or w == 0:
+
+            def fresh(acc_ref):
+                mma(acc_ref)
+                return acc_ref[...]  # awaits the wgmma
+
+            value = pl.run_scoped(fresh, plgpu.ACC(part, jnp.float32))
+            value = value if w == 0 else start + value
+        else:
+            value = pl.run_state(mma)(plgpu.ACC.init(start))  # awaited on return
+        chained_hand(s, step, w, p, value, parts)
+
+
+def consumers_done(s, steps, w: int):
     """Every consumer is past its last dQ share (the K tiles may be overwritten), and
-    the writer's last slot releases have been seen."""
+    the last phases of the barriers it waits on have been seen: the release of the
+    dS^T tiles and the writer's slots, or (chained) consumer 1's reads of consumer 0's
+    parts (consumer 0) and the writer's slot (consumer 1)."""
     plgpu.barrier_arrive(s["done"])
     plgpu.barrier_wait(s["done"])
+    chained = "lead" in s
+    if chained and w == 0:
 
-    @pl.when(steps > 0)  # the last step's release of the dS^T tiles
-    def _():
-        plgpu.barrier_wait(s["ds_free"])
+        @pl.when(steps > 0)
+        def _():
+            for p in range(s["lead"].shape[0]):
+                plgpu.barrier_wait(s["lead_free"].at[p])
+
+        return
+    if not chained:
+
+        @pl.when(steps > 0)  # the last step's release of the dS^T tiles
+        def _():
+            plgpu.barrier_wait(s["ds_free"])
+
+    slots = s["share"].shape[0]
 
     def drain(step, _):
-        plgpu.barrier_wait(s["share_free"].at[lax.rem(step, jnp.int32(SLOTS))])
+        plgpu.barrier_wait(s["share_free"].at[lax.rem(step, jnp.int32(slots))])
 
-    lax.fori_loop(jnp.maximum(0, steps - SLOTS), steps, drain, None)
+    lax.fori_loop(jnp.maximum(0, steps - slots), steps, drain, None)
 
 
 def semaphores(shape: tuple[int, ...], interpret: bool):
@@ -295,7 +406,7 @@ def writer(
 
     def add(step, _):
         h, i = tile_of(step)
-        slot = lax.rem(step, jnp.int32(SLOTS))
+        slot = lax.rem(step, jnp.int32(s["share"].shape[0]))
         shares = [s["share"].at[slot, w] for w in range(c)]
         rank = own - first_ref[b, i]
         plgpu.barrier_wait(s["share_ready"].at[slot])
