@@ -501,6 +501,22 @@ FUSED_CASES = [
     (Case(1, 200, 200, 1, 1, 64, BF16, segments=(packed([(60, 140)], 200),) * 2), FUSED_ONE),
     # Two consumers at head dim 64: each computes 64 of the 128 rows of the share.
     (Case(1, 260, 190, 2, 2, 64, F16, causal=True), FUSED_ROWS),
+    # Packed documents with two consumers (and a GQA group, T != S): the variants that
+    # split the share between them see skipped tiles and narrowed ranges too.
+    (
+        Case(
+            1,
+            200,
+            230,
+            2,
+            1,
+            128,
+            BF16,
+            causal=True,
+            segments=(packed([(60, 140)], 200), packed([(70, 170)], 230)),
+        ),
+        FUSED,
+    ),  # fmt: skip
 ]
 
 
