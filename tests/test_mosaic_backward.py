@@ -832,6 +832,7 @@ def test_dq_pingpong_lowers_for_hopper(head_dim):
     assert "bar.sync $0, 256;" not in lowered_ops.module_text(dkdv)
 
 
+FUSED_FA3_SD = dataclasses.replace(FUSED, fa3_order=True, step_descriptors=True)
 FUSED_LOWERINGS = {
     "h128-regs": (128, FUSED, False),
     "h128-regs-segments": (128, FUSED, True),
@@ -864,9 +865,7 @@ FUSED_LOWERINGS = {
     # warp (warp_map: no get_global or `not` there).
     "h128-fa3-order-step-descriptors-halves-writer-warp-segments": (
         128,
-        dataclasses.replace(
-            FUSED, fa3_order=True, step_descriptors=True, share_halves=True, writer_warp=True
-        ),
+        dataclasses.replace(FUSED_FA3_SD, share_halves=True, writer_warp=True),
         True,
     ),
     "h128-halves": (128, dataclasses.replace(FUSED, share_halves=True), False),
@@ -874,20 +873,19 @@ FUSED_LOWERINGS = {
     # parts (in FA3's order a nested run_state per part after the first).
     "h128-fa3-order-step-descriptors-chained-segments": (
         128,
-        dataclasses.replace(FUSED, fa3_order=True, step_descriptors=True, chained_share=True),
+        dataclasses.replace(FUSED_FA3_SD, chained_share=True),
         True,
     ),
     "h128-chained": (128, dataclasses.replace(FUSED, chained_share=True), False),
-    "h64-rows-fa3-order-chained": (
-        64,
-        dataclasses.replace(FUSED_ROWS, fa3_order=True, chained_share=True),
-        False,
-    ),
-    "h64-rows-fa3-order-halves": (
-        64,
-        dataclasses.replace(FUSED_ROWS, fa3_order=True, share_halves=True),
-        False,
-    ),
+    # Head dim 64's rows split into parts, in FA3's order.
+    **{
+        f"h64-rows-fa3-order-{name}": (
+            64,
+            dataclasses.replace(FUSED_ROWS, fa3_order=True, **{flag: True}),
+            False,
+        )
+        for name, flag in (("chained", "chained_share"), ("halves", "share_halves"))
+    },
 }
 
 
