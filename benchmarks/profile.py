@@ -103,7 +103,9 @@ def main(argv=None) -> int:
         "--kernels", default=None, help="a regular expression: profile only the kernels it matches"
     )
     parser.add_argument(
-        "--details", action="store_true", help="the sections' bodies too (stall reasons, pipes)"
+        "--details",
+        action="store_true",
+        help="the sections' bodies too (stall reasons, pipes); each row keeps ncu's CSV",
     )
     parser.add_argument("--out", default=None)
     parser.add_argument("--ncu", default="ncu")
@@ -137,6 +139,10 @@ def main(argv=None) -> int:
                     args.details,
                 )  # fmt: skip
                 row["kernels"] = parse_ncu_kernels(proc.stdout)
+                if args.details:  # the CSV as ncu wrote it: what the parser does not read too
+                    row["ncu_csv"] = "\n".join(
+                        x for x in proc.stdout.splitlines() if x.startswith('"')
+                    )
                 if proc.returncode or not row["kernels"]:
                     raise RuntimeError(f"ncu exit {proc.returncode}: {proc.stderr[-300:]}")
             except Exception as e:  # noqa: BLE001 - recorded, as in the harness

@@ -971,3 +971,35 @@ def test_ncu_command_filters_kernels_and_a_timeout_kills_the_profiled_child(tmp_
         time.sleep(0.1)
     else:
         raise AssertionError(f"the profiled child {child} outlived the timeout")
+
+
+def test_profile_with_details_keeps_ncu_csv(tmp_path):
+    """`--details` reaches ncu as `--print-details all`, and each row keeps the CSV ncu
+    wrote, rows the parser does not read included (a fake ncu that records its
+    arguments and prints a section's body row)."""
+    import json
+
+    from benchmarks import profile
+
+    args_file = tmp_path / "args"
+    fake = tmp_path / "ncu"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" > {args_file}\n'
+        'echo \'"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"\'\n'
+        'echo \'"0","k","","gpu__time_duration.sum","ns","1,000"\'\n'
+        'echo \'"0","k","WarpStateStats","Stall Barrier","","3.5"\'\n'
+        "echo 'not csv'\n"
+    )
+    fake.chmod(0o755)
+    out = tmp_path / "p.jsonl"
+    argv = ["--suite", "fa", "--head-dims", "128", "--seqs", "8192", "--causal", "false"]
+    argv += ["--impls", "x", "--sections", "WarpStateStats", "--details", "--kernels", "bwd"]
+    assert profile.main(argv + ["--ncu", str(fake), "--out", str(out)]) == 0
+    called = args_file.read_text().split()
+    assert called[called.index("--print-details") + 1] == "all"
+    assert called[called.index("--kernel-name") + 1] == "regex:bwd"
+    (row,) = [json.loads(x) for x in out.read_text().splitlines()]
+    assert row["error"] is None
+    assert row["kernels"][0]["sections"] == {"WarpStateStats / Stall Barrier": 3.5}
+    assert row["ncu_csv"].count("\n") == 2 and "not csv" not in row["ncu_csv"]
