@@ -92,7 +92,6 @@ from pallas_flash.mosaic.config import (
     PRODUCER_REGISTERS,
     SMEM_BYTES,
     SOLO_CONSUMER_REGISTERS,
-    SWIZZLE,
     WARP_WRITER_CONSUMER_REGISTERS,
     MosaicBwdConfig,
     padded_head_dim,
@@ -108,6 +107,7 @@ from pallas_flash.mosaic.forward import (
     kv_tile_ranges,
     pair_cluster,
     stream_kv_tiles,
+    swizzled,
     unsupported,
 )
 
@@ -1175,24 +1175,13 @@ def backward(
         kv_seg = jnp.pad(kv_seg, [(0, 0), (0, s_pad - S)], mode="edge")
         inputs += (q_seg, kv_seg)
     with_segs = segments is not None
-    transforms = (
-        plgpu.TilingTransform((8, SWIZZLE // q.dtype.itemsize)),
-        plgpu.SwizzleTransform(SWIZZLE),
-    )
+    transforms = swizzled(q.dtype.itemsize)
     tile = lambda *shape: plgpu.SMEM(shape, q.dtype, transforms=transforms)  # noqa: E731
     # share_halves: K, Q and the dS^T tiles, the operands a 32-column piece of the dQ
     # share (and S^T = K Q^T) reads, in the narrower swizzle (config.NARROW_SWIZZLE).
-    narrow = transforms
-    if config.share_halves:
-        narrow = (
-            plgpu.TilingTransform((8, NARROW_SWIZZLE // q.dtype.itemsize)),
-            plgpu.SwizzleTransform(NARROW_SWIZZLE),
-        )
+    narrow = swizzled(q.dtype.itemsize, NARROW_SWIZZLE) if config.share_halves else transforms
     narrow_tile = lambda *shape: plgpu.SMEM(shape, q.dtype, transforms=narrow)  # noqa: E731
-    f32_transforms = (
-        plgpu.TilingTransform((8, SWIZZLE // 4)),
-        plgpu.SwizzleTransform(SWIZZLE),
-    )
+    f32_transforms = swizzled(4)
     params = dict(
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=None if interpret is False else interpret,

@@ -791,7 +791,7 @@ class MosaicBwdConfig:
             raise ValueError("query_rows orders the fused kernel's step: it needs fused=True")
         if self.query_rows and self.fa3_order:
             raise ValueError("query_rows and fa3_order are two orders of the fused step: pick one")
-        if self.share_halves and not self.fused or self.share_halves and self.query_rows:
+        if self.share_halves and (not self.fused or self.query_rows):
             raise ValueError(
                 "share_halves splits the fused kernel's dQ share of the S^T step: it needs "
                 "fused=True and not query_rows"

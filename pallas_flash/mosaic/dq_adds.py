@@ -57,7 +57,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_flash.mosaic.config import FUSED_SIDE_REGISTERS, SWIZZLE, MosaicBwdConfig
+from pallas_flash.mosaic.config import FUSED_SIDE_REGISTERS, MosaicBwdConfig
+from pallas_flash.mosaic.forward import swizzled
 
 SLOTS = 2  # dQ shares in flight per consumer (dS^T tiles: one); chained_share: one
 
@@ -102,7 +103,7 @@ def scratch(config: MosaicBwdConfig, head_dim: int, dtype, transforms, interpret
     """Shared memory and barriers of the fused kernel's dQ path."""
     c, bq, bk = config.consumers_dkv, config.block_q_dkv, config.block_kv_dkv
     rows, cols = config.dq_part(head_dim)
-    f32 = (plgpu.TilingTransform((8, SWIZZLE // 4)), plgpu.SwizzleTransform(SWIZZLE))
+    f32 = swizzled(4)
     chained = config.chained_share
     slots = 1 if chained else SLOTS
     out = dict(
@@ -248,16 +249,9 @@ def publish_own_ds(s, w: int, ds_t):
 
 
 def chained_pair(s, w: int, k_smem, p: int, part: tuple[int, int], z=0):
-    """(A, B) of consumer `w`'s part `p` of the share over its own key tile: its dS^T
-    tile's query columns of the part, read transposed, and its K tile's head-dim columns
-    of it (the parts lie as `writer`'s windows do; `z` as in share_pairs)."""
-    rows, cols = part
-    ds, k_t = s["ds"].at[w + z], k_smem.at[w + z]  # [bk, bq], [bk, hp]
-    if rows < ds.shape[1]:  # the query rows split into parts
-        ds = ds.at[:, pl.ds(p * rows, rows)]
-    if cols < k_t.shape[1]:  # the head-dim columns split into parts
-        k_t = k_t.at[:, pl.ds(p * cols, cols)]
-    return ds.transpose((1, 0)), k_t
+    """(A, B) of consumer `w`'s part `p` of the share over its own key tile: of the
+    unchained slice `p` (share_pairs, one pair a key tile), the pair of tile `w`."""
+    return share_pairs(s, p, k_smem, part, z)[w]
 
 
 def chained_start(s, w: int, p: int, part: tuple[int, int]):
@@ -295,23 +289,22 @@ def chained_share(s, step, w: int, k_smem, part: tuple[int, int], ds_t, z=0, sta
     publish_own_ds(s, w, ds_t)
     parts = s["share"].shape[1]
     for p in range(parts):
-        start = chained_start(s, w, p, part)
-
         # The operands are indexed where they are used: a ref indexed outside
         # pl.run_state and closed over fails to lower there.
         def mma(acc_ref, p=p):
             plgpu.wgmma(acc_ref, *chained_pair(s, w, k_smem, p, part, z))
 
-        if staged or w == 0:
+        if w == 1 and not staged:  # in place, on consumer 0's part
+            value = pl.run_state(mma)(plgpu.ACC.init(chained_start(s, w, p, part)))
+        else:
 
             def fresh(acc_ref):
                 mma(acc_ref)
                 return acc_ref[...]  # awaits the wgmma
 
             value = pl.run_scoped(fresh, plgpu.ACC(part, jnp.float32))
-            value = value if w == 0 else start + value
-        else:
-            value = pl.run_state(mma)(plgpu.ACC.init(start))  # awaited on return
+            if w == 1:  # staged: consumer 0's part added
+                value = chained_start(s, w, p, part) + value
         chained_hand(s, step, w, p, value, parts)
 
 

@@ -339,6 +339,12 @@ def stream_kv_tiles(
     return end
 
 
+def swizzled(itemsize: int, swizzle: int = SWIZZLE) -> tuple:
+    """The shared-memory transforms of a wgmma operand (or a TMA'd float32 tile) of
+    `itemsize`-byte elements: 8-row tiles one swizzle span wide, swizzled."""
+    return plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle)
+
+
 def pair_cluster(multicast: bool):
     """(the slots' free-barrier type, `plgpu.kernel`'s cluster arguments) of a kernel whose
     CTAs run in clusters of two that load each streamed tile once for both by TMA
@@ -1163,10 +1169,7 @@ def forward(
             jnp.pad(kv_seg, [(0, 0), (0, s_pad - S)], mode="edge"),
         )
 
-    transforms = (
-        plgpu.TilingTransform((8, SWIZZLE // q.dtype.itemsize)),
-        plgpu.SwizzleTransform(SWIZZLE),
-    )
+    transforms = swizzled(q.dtype.itemsize)
     stages = config.num_stages
     free_barrier, cluster = pair_cluster(config.kv_multicast)
     scratch = dict(
