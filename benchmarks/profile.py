@@ -46,11 +46,16 @@ def _value(text: str):
         return text
 
 
+def csv_lines(text: str) -> list[str]:
+    """The CSV rows of ncu's output (its own "==PROF==" lines and the child's left out)."""
+    return [line for line in text.splitlines() if line.startswith('"')]
+
+
 def parse_ncu_kernels(text: str) -> list[dict]:
     """One dict per profiled kernel (in launch order) of `ncu --csv --print-units base`:
     METRICS at the top level, and the rows of any section (`--section`, which name the
     section they come from) under "sections", keyed "Section / Metric Name"."""
-    lines = [line for line in text.splitlines() if line.startswith('"')]
+    lines = csv_lines(text)
     kernels: dict[str, dict] = collections.OrderedDict()
     for row in csv.DictReader(io.StringIO("\n".join(lines))):
         k = kernels.setdefault(row["ID"], {"kernel": row.get("Kernel Name", "?")})
@@ -140,9 +145,7 @@ def main(argv=None) -> int:
                 )  # fmt: skip
                 row["kernels"] = parse_ncu_kernels(proc.stdout)
                 if args.details:  # the CSV as ncu wrote it: what the parser does not read too
-                    row["ncu_csv"] = "\n".join(
-                        x for x in proc.stdout.splitlines() if x.startswith('"')
-                    )
+                    row["ncu_csv"] = "\n".join(csv_lines(proc.stdout))
                 if proc.returncode or not row["kernels"]:
                     raise RuntimeError(f"ncu exit {proc.returncode}: {proc.stderr[-300:]}")
             except Exception as e:  # noqa: BLE001 - recorded, as in the harness
