@@ -1120,6 +1120,13 @@ def test_gpu_fused_query_rows_matches_reference(case):
     _compare(case, config, interpret=False, seed=_seed(case))
 
 
+def _fused_fa3_steps(head_dim: int) -> MosaicBwdConfig:
+    """The fused build the benchmark times: FA3's order with per-step descriptors."""
+    return dataclasses.replace(
+        fused_mosaic_bwd_config(head_dim), fa3_order=True, step_descriptors=True
+    )
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
 def test_gpu_fused_share_halves_matches_reference(case):
@@ -1127,9 +1134,7 @@ def test_gpu_fused_share_halves_matches_reference(case):
     order with per-step descriptors (the build timed): the reference's tolerance, and
     the same bits as the whole share (each dQ element the same sum of the same
     products, the tensor core's over 16 keys at a time either way)."""
-    config = dataclasses.replace(
-        fused_mosaic_bwd_config(case.head_dim), fa3_order=True, step_descriptors=True
-    )
+    config = _fused_fa3_steps(case.head_dim)
     halves = dataclasses.replace(config, share_halves=True, writer_warp=True)
     got = _compare(case, halves, interpret=False, seed=_seed(case))
     chex.assert_trees_all_equal(got, _compare(case, config, False, seed=_seed(case)))
@@ -1141,10 +1146,7 @@ def test_gpu_fused_chained_share_matches_reference(case):
     """Each consumer's share over its own keys, consumer 1 adding consumer 0's, compiled
     in FA3's order with per-step descriptors (the reference's tolerance; its bits are
     its own: the share's terms are added in another order). Two calls, the same bits."""
-    config = dataclasses.replace(
-        fused_mosaic_bwd_config(case.head_dim), fa3_order=True, step_descriptors=True
-    )
-    config = _variant(config, {"chained_share": True})
+    config = _variant(_fused_fa3_steps(case.head_dim), {"chained_share": True})
     first = _compare(case, config, interpret=False, seed=_seed(case))
     chex.assert_trees_all_equal(first, _compare(case, config, False, seed=_seed(case)))
 
