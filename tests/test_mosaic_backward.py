@@ -517,6 +517,9 @@ FUSED_CASES = [
         ),
         FUSED,
     ),  # fmt: skip
+    # No mask and whole key spans: every span has one query range, so rotated_adds
+    # rotates each span's walk (a GQA group of 2, a ragged last query tile).
+    (Case(1, 300, 512, 2, 1, 128, BF16), FUSED),
 ]
 
 
@@ -524,12 +527,15 @@ FUSED_CASES = [
 # with `query_rows`, S (P and dS through shared memory); the dQ share in two column
 # halves (`share_halves`, K, Q and dS^T in the narrower swizzle) with the writer as a
 # warp of the producer's warpgroup (`writer_warp`); each consumer's share over its own
-# keys, consumer 1 adding consumer 0's (`chained_share`).
+# keys, consumer 1 adding consumer 0's (`chained_share`); the walks upward, rotated
+# where no mask cuts the spans (`rotated_adds`: GPU interpret mode runs the CTAs in
+# order, so it checks the walks, not the turns: test_rotated_adds_turns does).
 FUSED_VARIANTS = {
     "keys-rows": {},
     "query-rows": {"query_rows": True},
     "share-halves-writer-warp": {"share_halves": True, "writer_warp": True},
     "chained-share": {"chained_share": True},
+    "rotated-adds": {"rotated_adds": True},
 }
 
 
@@ -627,9 +633,20 @@ def test_fused_add_order_matches_a_count(spec, segments):
     bands, ragged and empty lengths, packed and unsorted segment ids."""
     from pallas_flash.mosaic import dq_adds
 
-    T, S, bq, keys = 520, 700, 64, 128
+    ranges, tiles = _order_ranges(spec, segments, S=700)
+    got = dq_adds.order_tables(ranges, tiles)
+    for g, want in zip(got, _visitor_table(ranges, tiles)):
+        np.testing.assert_array_equal(np.asarray(g), want)
+
+
+def _order_ranges(spec, segments, S: int):
+    """The dK/dV kernel's query-tile ranges [4, spans, 4] for T = 520 rows of 64-row
+    tiles and S keys in 128-key spans; batch 0 whole, 1 ragged (300 rows, 250 keys),
+    2 and 3 empty. `segments`: None, "unsorted" (random ids), or the packed documents'
+    bounds ((query bounds), (key bounds)). Returns (ranges, query tiles)."""
+    T, bq, keys = 520, 64, 128
     q_len = jnp.array([520, 300, 0, 520], jnp.int32)
-    kv_len = jnp.array([700, 250, 700, 0], jnp.int32)
+    kv_len = jnp.array([S, 250, S, 0], jnp.int32)
     spans, tiles = -(-S // keys), -(-T // bq)
     ranges = masks.tile_range_table(masks.q_tile_range, spec, q_len, kv_len, spans, bq, keys, keys)
     if segments is not None:
@@ -643,14 +660,78 @@ def test_fused_add_order_matches_a_count(spec, segments):
             kv_seg = np.pad(kv_seg, [(0, 0), (0, spans * keys - S)], mode="edge")
         seg = masks.segment_tile_ranges(jnp.asarray(q_seg), jnp.asarray(kv_seg), bq, keys)[1]
         ranges = mosaic_backward.intersect_tables(ranges, seg)
-    got = dq_adds.order_tables(ranges, tiles)
-    for g, want in zip(got, _visitor_table(ranges, tiles)):
-        np.testing.assert_array_equal(np.asarray(g), want)
+    return ranges, tiles
+
+
+@pytest.mark.parametrize("spec,segments", ORDER_SPECS.values(), ids=ORDER_SPECS.keys())
+def test_rotated_adds_turns(spec, segments):
+    """rotated_adds' walks and turns (dq_adds.walk_tile, walk_place, turn), as the
+    kernel derives them, over the order tests' masks with 640 keys (5 whole spans, so
+    batch 0 without a mask takes the rotated walk): each walk visits its range once
+    and walk_place inverts it; a tile's ranks are 0 .. visitors - 1; when every span
+    runs at one pace no span waits on one that reaches the tile later (strictly
+    earlier in the rotated walk and under the causal mask, the cases it is for);
+    and the semaphore protocol, every span resident, ends with every add made (no
+    deadlock), over a GQA group of two heads."""
+    from pallas_flash.mosaic import dq_adds
+
+    ranges, tiles = _order_ranges(spec, segments, S=640)
+    index, first, last = (np.asarray(x) for x in dq_adds.order_tables(ranges, tiles))
+    ring_table = np.asarray(dq_adds.ring_table(ranges))
+    ranges = np.asarray(ranges)
+    rotated_batches = 0
+    for b in range(ranges.shape[0]):
+        count, ring = ring_table[b]
+        rotated_batches += int(ring)
+        walks, ranks = {}, {}
+        for span in range(ranges.shape[1]):
+            lo, full_lo, full_hi, hi = (int(x) for x in ranges[b, span])
+            if hi <= lo:
+                continue
+            own = index[b, span]
+            rot = own if ring else 0
+            walk = [int(dq_adds.walk_tile(j, lo, full_lo, full_hi, rot)) for j in range(hi - lo)]
+            assert sorted(walk) == list(range(lo, hi)), (b, span, walk)
+            places = [int(dq_adds.walk_place(i, lo, full_lo, full_hi, rot)) for i in walk]
+            assert places == list(range(hi - lo)), (b, span)
+            walks[span] = walk
+            for i in walk:
+                rank, visitors = dq_adds.turn(
+                    own, first[b, i], last[b, i], i, count, ring, full_lo, full_hi
+                )
+                ranks[span, i] = int(rank)
+                assert int(visitors) == last[b, i] - first[b, i] + 1
+        for m in range(tiles):
+            by_rank = sorted((ranks[s, m], walks[s].index(m)) for s in walks if m in walks[s])
+            assert [r for r, _ in by_rank] == list(range(len(by_rank))), (b, m, by_rank)
+            places = [p for _, p in by_rank]
+            assert places == sorted(places), (b, m, by_rank)  # no wait on a later arrival
+            if ring or spec == ORDER_SPECS["causal"][0]:
+                assert len(set(places)) == len(places), (b, m, by_rank)
+        # The protocol: each span's adds in its walk's order, head by head; an add goes
+        # when its tile's count reads its rank, and adds 1.
+        group, done = 2, dict.fromkeys(walks, 0)
+        counts = np.zeros((group, tiles), np.int32)
+        progress = True
+        while progress:
+            progress = False
+            for span, walk in walks.items():
+                while done[span] < group * len(walk):
+                    g, i = divmod(done[span], len(walk))
+                    if counts[g, walk[i]] != ranks[span, walk[i]]:
+                        break
+                    counts[g, walk[i]] += 1
+                    done[span] += 1
+                    progress = True
+        assert all(done[s] == group * len(w) for s, w in walks.items()), (b, done)
+    assert rotated_batches == (1 if spec == ORDER_SPECS["full"][0] else 0)
 
 
 def test_fused_config_validation():
     with pytest.raises(ValueError, match="split_dkv=False"):
         MosaicBwdConfig(fused=True, split_dkv=True)
+    with pytest.raises(ValueError, match="rotated_adds .* needs fused=True"):
+        MosaicBwdConfig(rotated_adds=True)
     with pytest.raises(ValueError, match="block_q_dkv a multiple of 128"):
         FUSED.dq_part(64)  # 32 columns each: not a swizzle's 64
     assert FUSED.dq_part(128) == (64, 64)
@@ -877,6 +958,14 @@ FUSED_LOWERINGS = {
         True,
     ),
     "h128-chained": (128, dataclasses.replace(FUSED, chained_share=True), False),
+    # The walks upward, rotated where no mask cuts the spans, with the turns of
+    # dq_adds.turn, in the build timed (FA3's order, halves, the writer a warp).
+    "h128-fa3-order-step-descriptors-halves-rotated": (
+        128,
+        dataclasses.replace(FUSED_FA3_SD, share_halves=True, writer_warp=True, rotated_adds=True),
+        False,
+    ),
+    "h128-rotated-segments": (128, dataclasses.replace(FUSED, rotated_adds=True), True),
     # Head dim 64's rows split into parts, in FA3's order.
     **{
         f"h64-rows-fa3-order-{name}": (
@@ -1147,6 +1236,30 @@ def test_gpu_fused_chained_share_matches_reference(case):
     in FA3's order with per-step descriptors (the reference's tolerance; its bits are
     its own: the share's terms are added in another order). Two calls, the same bits."""
     config = _variant(_fused_fa3_steps(case.head_dim), {"chained_share": True})
+    first = _compare(case, config, interpret=False, seed=_seed(case))
+    chex.assert_trees_all_equal(first, _compare(case, config, False, seed=_seed(case)))
+
+
+def test_rotated_adds_refuses_more_spans_than_sms(monkeypatch):
+    """A span may wait on a later one, so all of a head's must be resident: more key
+    spans than SMs is a ValueError naming the flag, raised before the kernel is built
+    (here on CPU, with the SM count made 2 for three spans)."""
+    monkeypatch.setattr(mosaic_backward, "sm_count", lambda: 2)
+    case = Case(1, 64, 384, 1, 1, 128, BF16)
+    with pytest.raises(ValueError, match="rotated_adds needs a head's 3 key spans"):
+        _compare(case, dataclasses.replace(FUSED, rotated_adds=True), interpret=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
+def test_gpu_fused_rotated_adds_matches_reference(case):
+    """The adds in the order the spans arrive (rotated_adds), compiled in the build
+    timed (FA3's order, per-step descriptors, halves, the writer a warp): the
+    reference's tolerance, and two calls the same bits (its own order, not the plain
+    order's). A turn out of order would hang (the test's timeout) or overwrite."""
+    config = dataclasses.replace(
+        _fused_fa3_steps(case.head_dim), share_halves=True, writer_warp=True, rotated_adds=True
+    )
     first = _compare(case, config, interpret=False, seed=_seed(case))
     chex.assert_trees_all_equal(first, _compare(case, config, False, seed=_seed(case)))
 

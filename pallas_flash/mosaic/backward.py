@@ -106,6 +106,7 @@ from pallas_flash.mosaic.forward import (
     intersect_tables,
     kv_tile_ranges,
     pair_cluster,
+    sm_count,
     stream_kv_tiles,
     swizzled,
     unsupported,
@@ -220,7 +221,8 @@ def _dkdv_kernel(
     # fused kernel's order tables, then the outputs dK, dV (and the float32 dQ).
     refs = list(refs)
     q_seg_ref, kv_seg_ref = (refs.pop(0), refs.pop(0)) if with_segs else (None, None)
-    order_refs = tuple(refs.pop(0) for _ in range(3)) if config.fused else None
+    rotated = config.rotated_adds  # the order tables, then the rotation table
+    order_refs = tuple(refs.pop(0) for _ in range(3 + rotated)) if config.fused else None
     dk_ref, dv_ref, *dq_acc_ref = refs
     bq, bk, stages = config.block_q_dkv, config.block_kv_dkv, config.num_stages_dkv
     consumers, tiles = config.consumers_dkv, config.key_tiles_dkv
@@ -240,14 +242,36 @@ def _dkdv_kernel(
     # of a key/value head then reaches a query tile after as many steps as the CTAs
     # before it (their ranges end at or before its own), so the ordered dQ adds of
     # neighbouring CTAs come due together instead of waiting on each other's tails.
+    # With rotated_adds it walks them upward, its unmasked tiles rotated by its index
+    # where every span has one range (`rot`; dq_adds.turn says why).
+    rot = 0
+    if rotated:
+        rot = lax.select(order_refs[3][b, 1] != 0, order_refs[0][b, span], 0)
+
     def step_of(g, i):
+        if rotated:
+            return g * n + dq_adds.walk_place(i, lo, full_lo, full_hi, rot)
         return g * n + (hi - 1 - i if config.fused else i - lo)
 
-    def each_tile(start, stop, body, carry):
-        """body(i, carry) over query tiles [start, stop), in the walk's order."""
-        if not config.fused:
+    def each_tile(start, stop, body, carry, turned: bool = False):
+        """body(i, carry) over query tiles [start, stop), in the walk's order (`turned`:
+        the unmasked tiles of a rotated walk, from start + rot round)."""
+        if turned:
+            width = lax.max(stop - start, 1)
+            tile = lambda j: start + lax.rem(j + rot, width)  # noqa: E731
+            return lax.fori_loop(0, stop - start, lambda j, c: body(tile(j), c), carry)
+        if not config.fused or rotated:
             return lax.fori_loop(start, stop, body, carry)
         return lax.fori_loop(0, stop - start, lambda j, c: body(stop - 1 - j, c), carry)
+
+    def walk(body, carry):
+        """body(i, carry, masked=) over one head's query tiles in the walk's order: the
+        tiles the structural masks cut (masked) apart from the full ones."""
+        segments = ((lo, full_lo, True), (full_lo, full_hi, False), (full_hi, hi, True))
+        for start, stop, masked in segments[:: -1 if config.fused and not rotated else 1]:
+            part = functools.partial(body, masked=masked)
+            carry = each_tile(start, stop, part, carry, turned=rotated and not masked)
+        return carry
 
     cluster = "cluster" if config.dkdv_q_multicast else None
 
@@ -294,7 +318,10 @@ def _dkdv_kernel(
                     delta_ref.at[b, h, rows], delta_smem.at[slot], do_ready.at[slot]
                 )
 
-            each_tile(lo, hi, load, None)
+            if rotated:  # the consumers' order, segment by segment
+                walk(lambda i, c, masked: load(i, c), None)
+            else:
+                each_tile(lo, hi, load, None)
 
         lax.fori_loop(0, group, per_head, None)
 
@@ -320,10 +347,11 @@ def _dkdv_kernel(
             kv_head=kv_head,
             span=span,
             group=group,
-            steps=(lo, hi),
+            steps=(lo, full_lo, full_hi, hi),
             block_q=bq,
             part=part,
             interpret=interpret,
+            rotated=rotated,
         )
 
     @pl.when(wg == consumers)
@@ -599,10 +627,7 @@ def _dkdv_kernel(
             return carry
 
         def per_head(g, carry):
-            segments = ((lo, full_lo, True), (full_lo, full_hi, False), (full_hi, hi, True))
-            for start, stop, masked in segments[:: -1 if config.fused else 1]:
-                carry = each_tile(start, stop, functools.partial(body, g=g, masked=masked), carry)
-            return carry
+            return walk(functools.partial(body, g=g), carry)
 
         zeros = plgpu.layout_cast(
             jnp.zeros((bk, k_tile.shape[-1]), jnp.float32), plgpu.Layout.WGMMA
@@ -1203,6 +1228,21 @@ def backward(
     fused = config.fused
     num_q_tiles = t_pad // bq
     order = dq_adds.order_tables(ranges, num_q_tiles) if fused else ()
+    spans = s_pad // range_keys
+    if config.rotated_adds:
+        order += (dq_adds.ring_table(ranges),)
+        # A span may wait on one of higher index: all of a head's must be resident at
+        # once (the grid below launches them together, one CTA an SM).
+        if interpret is False and spans > sm_count():
+            raise ValueError(
+                f"rotated_adds needs a head's {spans} key spans resident at once, at most "
+                f"the GPU's {sm_count()} SMs: fewer keys, or rotated_adds=False"
+            )
+    # The launch order is the grid's last axis fastest: with rotated_adds a head's
+    # spans come one after another, else its spans of each batch element.
+    grid, grid_names = (K, spans, B), ("heads", "kv_tiles", "batch")
+    if config.rotated_adds:
+        grid, grid_names = (B, K, spans), ("batch", "heads", "kv_tiles")
     out_type = [
         jax.ShapeDtypeStruct((B, s_pad, K, hp), k.dtype),
         jax.ShapeDtypeStruct((B, s_pad, K, hp), v.dtype),
@@ -1251,8 +1291,8 @@ def backward(
                 dq_adds.scratch(config, hp, q.dtype, narrow, interpreted) if fused else None
             ),
         ),
-        grid=(K, s_pad // range_keys, B),
-        grid_names=("heads", "kv_tiles", "batch"),
+        grid=grid,
+        grid_names=grid_names,
         # The fused kernel's fourth warpgroup adds the dQ shares (dq_adds.writer), unless
         # a warp of the producer's does (writer_warp).
         num_threads=c_dkv + 1 + (fused and not config.writer_warp),
@@ -1262,7 +1302,7 @@ def backward(
     )(q_len, kv_len, ranges, *inputs, *order)
     dk, dv = outs[:2]
     if fused:
-        _, first, last = order
+        _, first, last = order[:3]
         rows = dq_adds.visited_rows(first, last, bq, T)[:, :, None, None]
         # dS was of the scaled scores; rows no CTA visited were never written.
         dq = jnp.where(rows, outs[2][:, :T, :, :H] * scale, 0.0).astype(q.dtype)

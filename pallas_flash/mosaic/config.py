@@ -710,8 +710,25 @@ class MosaicBwdConfig:
       share's terms are added in another order). Its shared memory: consumer 0's
       parts (one step) and one writer slot, where the unchained kernel has two writer
       slots; K keeps its 128-byte swizzle (a part is 64 columns). Checked in GPU
-      interpret mode (the reference, no data race) and lowered for sm_90 on CPU; not
-      yet compiled on the H200.
+      interpret mode (the reference, no data race) and lowered for sm_90 on CPU.
+      Compiled at c1517e4 it passed the reference on the 15 of its 25 table rows
+      that ran (`results/mosaic-c1517e4/mosaic-tests-chained.log`), and ran the
+      backward at 0.93x the unchained kernel with share_halves at head dim 128
+      non-causal 8k (400.2 against 431.4 TFLOP/s, README "What the fused kernel's
+      dQ costs"): off.
+    rotated_adds: fused: the ordered dQ adds go in the order the visitors arrive
+      when every CTA runs at one pace, so no turn is waited for. Each CTA walks its
+      query tiles upward, and a tile's adds go in decreasing key span: under a causal
+      (or sliding) mask the span above reached the tile steps earlier. Where every
+      span of a batch element has one query range (no mask), each walks its unmasked
+      tiles rotated by its index among the spans, and a tile's turns go round from
+      the span that reached it first (`dq_adds.turn`). The plain order waits at every
+      tile for each span below (all of a head arrive together): at head dim 128 8k
+      its turns cost 7.5 % of the backward non-causal and 13 % causal (README, "What
+      the fused kernel's dQ costs"). A span may wait on a span of higher index, so
+      the grid is laid out with a head's spans launched together, and a head may
+      have at most as many key spans as the GPU has SMs (ValueError above that).
+      Deterministic: the same order every call, not the plain order's bits.
     """
 
     block_q_dkv: int = 64
@@ -740,6 +757,7 @@ class MosaicBwdConfig:
     share_halves: bool = False
     writer_warp: bool = False
     chained_share: bool = False
+    rotated_adds: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
@@ -803,6 +821,8 @@ class MosaicBwdConfig:
                 "chained_share chains the fused kernel's two consumers: it needs fused=True, "
                 "consumers_dkv=2, and neither query_rows nor share_halves"
             )
+        if self.rotated_adds and not self.fused:
+            raise ValueError("rotated_adds orders the fused kernel's dQ adds: it needs fused=True")
         if self.writer_warp and not self.fused:
             raise ValueError("writer_warp places the fused kernel's dQ writer: it needs fused=True")
         if self.fa3_order and not (self.fused and self.operands_in_registers):

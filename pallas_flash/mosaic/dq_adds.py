@@ -93,6 +93,53 @@ def order_tables(ranges, num_tiles: int):
     return index.astype(jnp.int32), first.astype(jnp.int32), last.astype(jnp.int32)
 
 
+def ring_table(ranges):
+    """[B, 2] int32 for `MosaicBwdConfig.rotated_adds`, per batch element: the non-empty
+    key spans E, and 1 where the rotated walk applies: every non-empty span has the
+    same query range and segments (no mask cuts them), and E is at most its unmasked
+    tiles, so each span reaches each of them at a step of its own."""
+    nonempty = ranges[..., 3] > ranges[..., 0]
+    count = nonempty.sum(axis=1).astype(jnp.int32)
+    first = jnp.argmax(nonempty, axis=1)
+    ref = jnp.take_along_axis(ranges, first[:, None, None], axis=1)  # [B, 1, 4]
+    same = jnp.all(jnp.where(nonempty[..., None], ranges == ref, True), axis=(1, 2))
+    ring = same & (count >= 1) & (count <= ref[:, 0, 2] - ref[:, 0, 1])
+    return jnp.stack([count, ring.astype(jnp.int32)], axis=1)
+
+
+def walk_tile(j, lo, full_lo, full_hi, rot):
+    """rotated_adds: the query tile at place j of a CTA's walk of one head: upward from
+    lo, its unmasked tiles [full_lo, full_hi) started at full_lo + rot (0 <= rot <
+    their number). Scalar lax ops only (the writer runs in warp code)."""
+    width = lax.max(full_hi - full_lo, 1)
+    inside = (j >= full_lo - lo) & (j < full_hi - lo)
+    return lax.select(inside, full_lo + lax.rem(j - (full_lo - lo) + rot, width), lo + j)
+
+
+def walk_place(i, lo, full_lo, full_hi, rot):
+    """The place of query tile i in the walk of `walk_tile` (its inverse)."""
+    width = lax.max(full_hi - full_lo, 1)
+    inside = (i >= full_lo) & (i < full_hi)
+    return lax.select(inside, full_lo - lo + lax.rem(i - full_lo - rot + width, width), i - lo)
+
+
+def turn(own, first, last, i, count, ring, full_lo, full_hi):
+    """rotated_adds: (rank, visitors) of the span with index `own` (among the non-empty
+    ones) at query tile i, whose visitors are those with indices [first, last]. The
+    order is decreasing span index (a span above reached the tile no later), but at
+    the unmasked tiles of a rotated walk (`ring`, E = `count` spans, each rotated by
+    its index) the order in which the spans reach the tile: the span at place 0, then
+    the one rotated one further, which reaches it a step later, and round. With
+    u = i - full_lo, span e reaches the tile at place (u - e) mod W (W unmasked tiles,
+    E <= W), and the spans before it there are those with e' in (e, min(u, E - 1)], or,
+    when e > u, all of [0, u] and (e, E): rank (min(u, E - 1) - e) mod E."""
+    visitors = last - first + 1
+    e_count = lax.max(count, 1)
+    rotated = lax.rem(lax.min(i - full_lo, e_count - 1) - own + e_count, e_count)
+    inside = (ring != 0) & (i >= full_lo) & (i < full_hi)
+    return lax.select(inside, rotated, last - own), visitors
+
+
 def visited_rows(first, last, block_q: int, seq_q: int):
     """[B, seq_q] bool: rows of the query tiles some span visited (the others' dQ was
     never written)."""
@@ -358,22 +405,27 @@ def writer(
     part: tuple[int, int],
     sems,
     interpret: bool,
+    rotated: bool = False,
     registers: bool = True,
 ):
     """The fourth warpgroup (or, with writer_warp, one warp of the producer's, which
     has set the registers already: `registers` False): adds each step's shares to dQ
     [B, T, N, H] (float32) in the order of the module doc. `steps` is the CTA's
-    query-tile range (lo, hi), walked from hi - 1 down for each head of the group, as
-    the consumers do. A slot is freed as soon as its TMA has read it; the turn is handed
-    over once the adds have landed. `sems`: `semaphores`' (None interpreted)."""
+    query-tile range (lo, full_lo, full_hi, hi), walked for each head of the group as
+    the consumers do: from hi - 1 down, or with `rotated` (rotated_adds) upward, in
+    the order `turn` gives. A slot is freed as soon as its TMA has read it; the turn
+    is handed over once the adds have landed. `sems`: `semaphores`' (None
+    interpreted)."""
     if registers:
         plgpu.set_max_registers(FUSED_SIDE_REGISTERS, action="decrease")
-    index_ref, first_ref, last_ref = order_refs
-    lo, hi = steps
+    index_ref, first_ref, last_ref = order_refs[:3]
+    lo, full_lo, full_hi, hi = steps
     n = hi - lo
     rows, cols = part
     c = s["share"].shape[1]
     own = index_ref[b, span]
+    count, ring = (order_refs[3][b, 0], order_refs[3][b, 1]) if rotated else (0, 0)
+    rot = lax.select(ring != 0, own, 0) if rotated else 0
 
     def windows(h, i):  # consumer w's slice of query tile i of head h in dQ
         out = []
@@ -383,17 +435,29 @@ def writer(
             out.append(dq_ref.at[b, pl.ds(r0, rows), h, pl.ds(c0, cols)])
         return out
 
-    total = group * n  # steps: each head's query tiles, from hi - 1 down
+    total = group * n  # steps: each head's query tiles, in the walk's order
 
     def tile_of(step):  # (query head, query tile) of a step (only called when n > 0)
         g, j = lax.div(step, n), lax.rem(step, n)
-        return kv_head * group + g, hi - 1 - j
+        h = kv_head * group + g
+        return h, walk_tile(j, lo, full_lo, full_hi, rot) if rotated else hi - 1 - j
+
+    # Interpreted, the CTAs run one by one in grid order (increasing span index), and
+    # the first of them stores: the plain order's ranks.
+    turns = rotated and not interpret
+
+    def rotated_order(i):
+        """(rank, is last, is not last) of this CTA's add to query tile i (`turn`)."""
+        rank, visitors = turn(
+            own, first_ref[b, i], last_ref[b, i], i, count, ring, full_lo, full_hi
+        )
+        return rank, rank == visitors - 1, rank != visitors - 1
 
     def hand_over(step):
         """The next visitor's turn at the tile of `step`, whose adds have landed."""
         h, i = tile_of(step)
 
-        @pl.when(own != last_ref[b, i])
+        @pl.when(rotated_order(i)[2] if turns else own != last_ref[b, i])
         def _():
             plgpu.semaphore_signal(sems.at[b, h, i], 1, memory_scope="gpu")
 
@@ -401,7 +465,10 @@ def writer(
         h, i = tile_of(step)
         slot = lax.rem(step, jnp.int32(s["share"].shape[0]))
         shares = [s["share"].at[slot, w] for w in range(c)]
-        rank = own - first_ref[b, i]
+        if turns:
+            rank, is_last, not_last = rotated_order(i)
+        else:
+            rank = own - first_ref[b, i]
         plgpu.barrier_wait(s["share_ready"].at[slot])
         dsts = windows(h, i)
         if interpret:  # read, add, store: the CTAs run one by one, in order
@@ -421,8 +488,9 @@ def writer(
             plgpu.barrier_arrive(s["share_free"].at[slot])
             return
         sem = sems.at[b, h, i]
-        last = last_ref[b, i]
-        is_last, not_last = own == last, own != last  # (no `not` in warp code)
+        if not turns:
+            last = last_ref[b, i]
+            is_last, not_last = own == last, own != last  # (no `not` in warp code)
 
         @pl.when((rank > 0) & not_last)
         def _():
