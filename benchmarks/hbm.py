@@ -107,10 +107,20 @@ def run_under_ncu(
     those `kernels` matches, see `ncu_command`) between the child's
     cudaProfilerStart/Stop (see `_profiler`), as CSV in base units. The clocks stay as
     they are (`--clock-control none`), and XLA's autotuner is off in the child (XLA
-    crashes under ncu otherwise; see ../shared/ANCHORS.md). Past `timeout` the whole
-    process group is killed, the profiled child with ncu: a child left running holds
-    the GPU, and every later profile in the call then fails to find it."""
-    env = dict(os.environ, XLA_FLAGS="--xla_gpu_autotune_level=0")
+    crashes under ncu otherwise; see ../shared/ANCHORS.md). The child allocates as it
+    goes rather than taking 75 % of the GPU up front: ncu replays a kernel once per
+    pass its sections need and saves and restores device memory between passes, and
+    JAX's preallocated pool (about 100 GiB on the H200) is the likely reason profiles
+    with several sections outlasted their timeouts (the pair's at 2b60086, the fused
+    kernel's at c1517e4; not yet measured without it). Past `timeout` the whole
+    process group is killed, the
+    profiled child with ncu: a child left running holds the GPU, and every later
+    profile in the call then fails to find it."""
+    env = dict(
+        os.environ,
+        XLA_FLAGS="--xla_gpu_autotune_level=0",
+        XLA_PYTHON_CLIENT_PREALLOCATE="false",
+    )
     cmd = ncu_command(ncu, metrics, sections, kernels, details) + child_args
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,

@@ -973,6 +973,19 @@ def test_ncu_command_filters_kernels_and_a_timeout_kills_the_profiled_child(tmp_
         raise AssertionError(f"the profiled child {child} outlived the timeout")
 
 
+def test_ncu_child_allocates_as_it_goes(tmp_path):
+    """The profiled child runs without XLA's autotuner and without the preallocated
+    pool (ncu saves and restores device memory between a kernel's replays); a fake ncu
+    prints what it was given."""
+    from benchmarks import hbm
+
+    fake = tmp_path / "ncu"
+    fake.write_text('#!/bin/sh\necho "$XLA_PYTHON_CLIENT_PREALLOCATE|$XLA_FLAGS"\n')
+    fake.chmod(0o755)
+    out = hbm.run_under_ncu(str(fake), ["m"], ["x"], timeout=10.0).stdout
+    assert out.strip() == "false|--xla_gpu_autotune_level=0"
+
+
 def test_profile_with_details_keeps_ncu_csv(tmp_path):
     """`--details` reaches ncu as `--print-details all`, and each row keeps the CSV ncu
     wrote, rows the parser does not read included (a fake ncu that records its

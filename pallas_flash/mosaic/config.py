@@ -724,11 +724,17 @@ class MosaicBwdConfig:
       tiles rotated by its index among the spans, and a tile's turns go round from
       the span that reached it first (`dq_adds.turn`). The plain order waits at every
       tile for each span below (all of a head arrive together): at head dim 128 8k
-      its turns cost 7.5 % of the backward non-causal and 13 % causal (README, "What
-      the fused kernel's dQ costs"). A span may wait on a span of higher index, so
-      the grid is laid out with a head's spans launched together, and a head may
-      have at most as many key spans as the GPU has SMs (ValueError above that).
+      the backward without its turns (wrong sums) runs 1.07x non-causal and 1.13x
+      causal (README, "What the fused kernel's dQ costs"). A span may wait on a span
+      of higher index, so the grid is laid out with a head's spans launched
+      together, and a head may have at most as many key spans as the GPU has SMs
+      (ValueError above that).
       Deterministic: the same order every call, not the plain order's bits.
+      Compiled at af0f5db (share_halves, writer_warp, FA3's order, step_descriptors)
+      it passed the benchmark's reference check and the 10 of 25 compiled table rows
+      that ran, and ran the backward at 0.96x / 0.94x the plain order at head dim 128 8k
+      non-causal / causal (407.0 / 390.8 against 425.9 / 414.5 TFLOP/s, README "Turns
+      in arrival order"): off.
     """
 
     block_q_dkv: int = 64
