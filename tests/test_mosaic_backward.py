@@ -529,13 +529,15 @@ FUSED_CASES = [
 # warp of the producer's warpgroup (`writer_warp`); each consumer's share over its own
 # keys, consumer 1 adding consumer 0's (`chained_share`); the walks upward, rotated
 # where no mask cuts the spans (`rotated_adds`: GPU interpret mode runs the CTAs in
-# order, so it checks the walks, not the turns: test_rotated_adds_turns does).
+# order, so it checks the walks, not the turns: test_rotated_adds_turns does); the
+# writer warp's adds split between two warps, a slot each (`split_writer`).
 FUSED_VARIANTS = {
     "keys-rows": {},
     "query-rows": {"query_rows": True},
     "share-halves-writer-warp": {"share_halves": True, "writer_warp": True},
     "chained-share": {"chained_share": True},
     "rotated-adds": {"rotated_adds": True},
+    "split-writer": {"share_halves": True, "writer_warp": True, "split_writer": True},
 }
 
 
@@ -732,6 +734,10 @@ def test_fused_config_validation():
         MosaicBwdConfig(fused=True, split_dkv=True)
     with pytest.raises(ValueError, match="rotated_adds .* needs fused=True"):
         MosaicBwdConfig(rotated_adds=True)
+    with pytest.raises(ValueError, match="split_writer .* needs writer_warp=True"):
+        MosaicBwdConfig(fused=True, split_writer=True)
+    with pytest.raises(ValueError, match="split_writer .* not chained_share"):
+        MosaicBwdConfig(fused=True, writer_warp=True, chained_share=True, split_writer=True)
     with pytest.raises(ValueError, match="block_q_dkv a multiple of 128"):
         FUSED.dq_part(64)  # 32 columns each: not a swizzle's 64
     assert FUSED.dq_part(128) == (64, 64)
@@ -966,6 +972,12 @@ FUSED_LOWERINGS = {
         False,
     ),
     "h128-rotated-segments": (128, dataclasses.replace(FUSED, rotated_adds=True), True),
+    # Two writer warps, a slot each, in the build timed.
+    "h128-fa3-order-step-descriptors-halves-split-writer": (
+        128,
+        dataclasses.replace(FUSED_FA3_SD, share_halves=True, writer_warp=True, split_writer=True),
+        False,
+    ),
     # Head dim 64's rows split into parts, in FA3's order.
     **{
         f"h64-rows-fa3-order-{name}": (
@@ -1262,6 +1274,21 @@ def test_gpu_fused_rotated_adds_matches_reference(case):
     )
     first = _compare(case, config, interpret=False, seed=_seed(case))
     chex.assert_trees_all_equal(first, _compare(case, config, False, seed=_seed(case)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
+def test_gpu_fused_split_writer_changes_no_bit(case):
+    """Two writer warps, a slot each (split_writer), compiled in the build timed: the
+    same adds in the same order as one writer, so the same bits (and the reference's
+    tolerance)."""
+    config = dataclasses.replace(_fused_fa3_steps(case.head_dim), share_halves=True)
+    _flag_changes_no_bit(
+        case,
+        dataclasses.replace(config, writer_warp=True),
+        "split_writer",
+        interpret=False,
+    )
 
 
 @pytest.mark.gpu

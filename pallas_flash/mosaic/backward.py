@@ -365,10 +365,16 @@ def _dkdv_kernel(
         sems = dq_adds.semaphores(semaphores, interpret)  # in warpgroup code
 
         # One warp loads, another adds the dQ shares (MosaicBwdConfig.writer_warp); the
-        # other two idle. The join at the end of warp_map waits for both.
+        # other two idle, or with split_writer a third adds every other step's. The
+        # join at the end of warp_map waits for them all.
         def per_warp(warp):
             pl.when(warp == 0)(load_all)
-            pl.when(warp == 1)(functools.partial(writer, sems=sems, registers=False))
+            if not config.split_writer:
+                pl.when(warp == 1)(functools.partial(writer, sems=sems, registers=False))
+                return
+            for p in range(dq_adds.SLOTS):
+                adds = functools.partial(writer, sems=sems, registers=False, parity=p)
+                pl.when(warp == 1 + p)(adds)
 
         plgpu.warp_map(per_warp)
 

@@ -735,6 +735,16 @@ class MosaicBwdConfig:
       that ran, and ran the backward at 0.96x / 0.94x the plain order at head dim 128 8k
       non-causal / causal (407.0 / 390.8 against 425.9 / 414.5 TFLOP/s, README "Turns
       in arrival order"): off.
+    split_writer: fused, writer_warp: the ordered adds in two warps of the
+      producer's warpgroup (two of its warps idled), one a writer slot, so the adds
+      of one step wait for their turn and land while the next step's go out. One
+      writer takes a slot's share, waits its turn, sends the TMA reduce, waits for
+      it to be read and then to land, and hands the turn on before it takes the next
+      slot; left out by a diagnostic build, the adds cost 0.80 ms of the fused
+      backward's 6.37 at head dim 128 8k and the consumers wait on the slots (README,
+      "What the fused kernel's dQ costs"). The same adds in the same order: the same
+      bits. Checked in GPU interpret mode (the reference, the race detector) and
+      lowered for sm_90 on CPU; not yet compiled.
     """
 
     block_q_dkv: int = 64
@@ -764,6 +774,7 @@ class MosaicBwdConfig:
     writer_warp: bool = False
     chained_share: bool = False
     rotated_adds: bool = False
+    split_writer: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
@@ -829,6 +840,11 @@ class MosaicBwdConfig:
             )
         if self.rotated_adds and not self.fused:
             raise ValueError("rotated_adds orders the fused kernel's dQ adds: it needs fused=True")
+        if self.split_writer and not (self.writer_warp and not self.chained_share):
+            raise ValueError(
+                "split_writer splits writer_warp's adds between two warps, a writer slot "
+                "each: it needs writer_warp=True and not chained_share (one slot)"
+            )
         if self.writer_warp and not self.fused:
             raise ValueError("writer_warp places the fused kernel's dQ writer: it needs fused=True")
         if self.fa3_order and not (self.fused and self.operands_in_registers):

@@ -173,9 +173,10 @@ def scratch(config: MosaicBwdConfig, head_dim: int, dtype, transforms, interpret
     else:  # the dS^T tiles every consumer's slice reads
         out["ds_ready"] = plgpu.Barrier(num_arrivals=c)
         out["ds_free"] = plgpu.Barrier(num_arrivals=c)
-    if interpret:  # the running dQ, read back for the add
-        out["old"] = plgpu.SMEM((c, rows, cols), jnp.float32, transforms=f32)
-        out["old_ready"] = plgpu.Barrier(num_arrivals=c)
+    if interpret:  # the running dQ, read back for the add (one buffer a writer)
+        writers = 2 if config.split_writer else 1
+        out["old"] = plgpu.SMEM((writers, c, rows, cols), jnp.float32, transforms=f32)
+        out["old_ready"] = plgpu.Barrier(num_arrivals=c, num_barriers=writers)
     return out
 
 
@@ -407,9 +408,12 @@ def writer(
     interpret: bool,
     rotated: bool = False,
     registers: bool = True,
+    parity: int | None = None,
 ):
     """The fourth warpgroup (or, with writer_warp, one warp of the producer's, which
-    has set the registers already: `registers` False): adds each step's shares to dQ
+    has set the registers already: `registers` False; with split_writer, one of two
+    such warps, the one adding the steps of this `parity`, the shares of one slot):
+    adds each step's shares to dQ
     [B, T, N, H] (float32) in the order of the module doc. `steps` is the CTA's
     query-tile range (lo, full_lo, full_hi, hi), walked for each head of the group as
     the consumers do: from hi - 1 down, or with `rotated` (rotated_adds) upward, in
@@ -472,14 +476,15 @@ def writer(
         plgpu.barrier_wait(s["share_ready"].at[slot])
         dsts = windows(h, i)
         if interpret:  # read, add, store: the CTAs run one by one, in order
+            old, old_ready = s["old"].at[parity or 0], s["old_ready"].at[parity or 0]
 
             @pl.when(rank > 0)
             def _():
                 for w in range(c):
-                    plgpu.copy_gmem_to_smem(dsts[w], s["old"].at[w], s["old_ready"])
-                plgpu.barrier_wait(s["old_ready"])
+                    plgpu.copy_gmem_to_smem(dsts[w], old.at[w], old_ready)
+                plgpu.barrier_wait(old_ready)
                 for w in range(c):
-                    shares[w][...] = s["old"].at[w][...] + shares[w][...]
+                    shares[w][...] = old.at[w][...] + shares[w][...]
                 plgpu.commit_smem()
 
             for w in range(c):
@@ -515,4 +520,8 @@ def writer(
         plgpu.wait_smem_to_gmem(0, wait_read_only=False)
         hand_over(step)
 
-    lax.fori_loop(0, total, add, None)
+    if parity is None:
+        lax.fori_loop(0, total, add, None)
+    else:  # every other step: the slot of this parity (SLOTS is 2)
+        count = lax.div(total + 1 - parity, 2)
+        lax.fori_loop(0, count, lambda k, carry: add(2 * k + parity, carry), None)
