@@ -978,6 +978,14 @@ FUSED_LOWERINGS = {
         dataclasses.replace(FUSED_FA3_SD, share_halves=True, writer_warp=True, split_writer=True),
         False,
     ),
+    # Both: two writer warps, each taking its steps' turns in arrival order.
+    "h128-fa3-order-step-descriptors-halves-split-writer-rotated": (
+        128,
+        dataclasses.replace(
+            FUSED_FA3_SD, share_halves=True, writer_warp=True, split_writer=True, rotated_adds=True
+        ),
+        False,
+    ),
     # Head dim 64's rows split into parts, in FA3's order.
     **{
         f"h64-rows-fa3-order-{name}": (

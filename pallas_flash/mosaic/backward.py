@@ -244,9 +244,7 @@ def _dkdv_kernel(
     # neighbouring CTAs come due together instead of waiting on each other's tails.
     # With rotated_adds it walks them upward, its unmasked tiles rotated by its index
     # where every span has one range (`rot`; dq_adds.turn says why).
-    rot = 0
-    if rotated:
-        rot = lax.select(order_refs[3][b, 1] != 0, order_refs[0][b, span], 0)
+    rot = dq_adds.rotation(order_refs, b, order_refs[0][b, span])[2] if rotated else 0
 
     def step_of(g, i):
         if rotated:
@@ -257,8 +255,7 @@ def _dkdv_kernel(
         """body(i, carry) over query tiles [start, stop), in the walk's order (`turned`:
         the unmasked tiles of a rotated walk, from start + rot round)."""
         if turned:
-            width = lax.max(stop - start, 1)
-            tile = lambda j: start + lax.rem(j + rot, width)  # noqa: E731
+            tile = lambda j: dq_adds.rotated_tile(j, start, stop, rot)  # noqa: E731
             return lax.fori_loop(0, stop - start, lambda j, c: body(tile(j), c), carry)
         if not config.fused or rotated:
             return lax.fori_loop(start, stop, body, carry)

@@ -116,13 +116,25 @@ def ring_table(ranges):
     return jnp.stack([count, ring.astype(jnp.int32)], axis=1)
 
 
+def rotation(order_refs, b, own):
+    """rotated_adds: (non-empty spans E, the ring flag, the rotation of the walk of the
+    span with index `own`) of batch element b, from `ring_table`'s row in order_refs."""
+    count, ring = order_refs[3][b, 0], order_refs[3][b, 1]
+    return count, ring, lax.select(ring != 0, own, 0)
+
+
+def rotated_tile(j, start, stop, rot):
+    """The tile at place j of tiles [start, stop) walked upward from start + rot, round.
+    Scalar lax ops only (the writer runs in warp code)."""
+    return start + lax.rem(j + rot, lax.max(stop - start, 1))
+
+
 def walk_tile(j, lo, full_lo, full_hi, rot):
     """rotated_adds: the query tile at place j of a CTA's walk of one head: upward from
     lo, its unmasked tiles [full_lo, full_hi) started at full_lo + rot (0 <= rot <
-    their number). Scalar lax ops only (the writer runs in warp code)."""
-    width = lax.max(full_hi - full_lo, 1)
+    their number)."""
     inside = (j >= full_lo - lo) & (j < full_hi - lo)
-    return lax.select(inside, full_lo + lax.rem(j - (full_lo - lo) + rot, width), lo + j)
+    return lax.select(inside, rotated_tile(j - (full_lo - lo), full_lo, full_hi, rot), lo + j)
 
 
 def walk_place(i, lo, full_lo, full_hi, rot):
@@ -422,13 +434,12 @@ def writer(
     """The fourth warpgroup (or, with writer_warp, one warp of the producer's, which
     has set the registers already: `registers` False; with split_writer, one of two
     such warps, the one adding the steps of this `parity`, the shares of one slot):
-    adds each step's shares to dQ
-    [B, T, N, H] (float32) in the order of the module doc. `steps` is the CTA's
-    query-tile range (lo, full_lo, full_hi, hi), walked for each head of the group as
-    the consumers do: from hi - 1 down, or with `rotated` (rotated_adds) upward, in
-    the order `turn` gives. A slot is freed as soon as its TMA has read it; the turn
-    is handed over once the adds have landed. `sems`: `semaphores`' (None
-    interpreted)."""
+    adds each step's shares to dQ [B, T, N, H] (float32) in the order of the module
+    doc. `steps` is the CTA's query-tile range (lo, full_lo, full_hi, hi), walked for
+    each head of the group as the consumers do: from hi - 1 down, or with `rotated`
+    (rotated_adds) upward, in the order `turn` gives. A slot is freed as soon as its
+    TMA has read it; the turn is handed over once the adds have landed. `sems`:
+    `semaphores`' (None interpreted)."""
     if registers:
         plgpu.set_max_registers(FUSED_SIDE_REGISTERS, action="decrease")
     index_ref, first_ref, last_ref = order_refs[:3]
@@ -437,8 +448,7 @@ def writer(
     rows, cols = part
     c = s["share"].shape[1]
     own = index_ref[b, span]
-    count, ring = (order_refs[3][b, 0], order_refs[3][b, 1]) if rotated else (0, 0)
-    rot = lax.select(ring != 0, own, 0) if rotated else 0
+    count, ring, rot = rotation(order_refs, b, own) if rotated else (0, 0, 0)
 
     def windows(h, i):  # consumer w's slice of query tile i of head h in dQ
         out = []
@@ -532,5 +542,5 @@ def writer(
     if parity is None:
         lax.fori_loop(0, total, add, None)
     else:  # every other step: the slot of this parity (SLOTS is 2)
-        count = lax.div(total + 1 - parity, 2)
-        lax.fori_loop(0, count, lambda k, carry: add(2 * k + parity, carry), None)
+        mine = lax.div(total + 1 - parity, 2)  # (not `count`: rotated_order reads that)
+        lax.fori_loop(0, mine, lambda k, carry: add(2 * k + parity, carry), None)
