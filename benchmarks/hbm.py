@@ -113,9 +113,8 @@ def run_under_ncu(
     JAX's preallocated pool (about 100 GiB on the H200) is the likely reason profiles
     with several sections outlasted their timeouts (the pair's at 2b60086, the fused
     kernel's at c1517e4; not yet measured without it). Past `timeout` the whole
-    process group is killed, the
-    profiled child with ncu: a child left running holds the GPU, and every later
-    profile in the call then fails to find it."""
+    process group is killed, the profiled child with ncu: a child left running holds
+    the GPU, and every later profile in the call then fails to find it."""
     env = dict(
         os.environ,
         XLA_FLAGS="--xla_gpu_autotune_level=0",

@@ -500,6 +500,8 @@ _MOSAIC_BWD_FLAGS = (
     ("share_halves", "share-halves"),
     ("writer_warp", "writer-warp"),
     ("chained_share", "chained-share"),
+    ("rotated_adds", "rotated-adds"),
+    ("split_writer", "split-writer"),
 )
 
 
@@ -518,7 +520,7 @@ def config_label(c: dict) -> str:
     "dkv 2x64 q64 s2 dq 2x64 kv64 s2" (warpgroups x their tile, the streamed tile,
     stages; "split" where dV and dK split the warpgroups; "ops-smem", "fused",
     "fa3-order", "row-mask", "step-desc", "query-rows", "dq-pingpong", "share-halves",
-    "writer-warp", "chained-share" where set)."""
+    "writer-warp", "chained-share", "rotated-adds", "split-writer" where set)."""
     if "schedule_barrier" in c:
         flags = ("" if c["schedule_barrier"] else " no-pingpong") + (
             "" if c.get("p_in_registers", True) else " p-smem"

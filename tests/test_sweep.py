@@ -288,6 +288,8 @@ def test_mosaic_backward_label_names_its_flags():
     assert render.config_label(halves) == label
     chained = dict(default, fused=True, chained_share=True)
     assert render.config_label(chained) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2 fused chained-share"
+    adds = dict(halves, rotated_adds=True, split_writer=True)
+    assert render.config_label(adds) == label + " rotated-adds split-writer"
     rows = dict(default, row_bound_mask=True, operands_in_registers=False)
     assert render.config_label(rows) == "dkv 2x64 q64 s2 dq 2x64 kv64 s2 ops-smem row-mask"
     new_flags = (
