@@ -129,7 +129,11 @@ IMPLS: dict[str, Impl] = {
 # pallas_flash:mosaic/FIELD=VALUE/...: the Mosaic kernels with some fields of the default
 # forward (MosaicConfig) or backward (MosaicBwdConfig) config replaced, so that a default
 # and a candidate time side by side in one process (the two configs share no field name).
+# A first item `pair` (pallas_flash:mosaic/pair/...) starts the backward from the pair's
+# row (pair_mosaic_bwd_config) where the default is the fused kernel (head dim 128,
+# not causal), so the pair keeps a name there.
 VARIANT_BASE = "pallas_flash:mosaic"
+PAIR = "pair"
 
 
 # A variant's word values; none unsets an optional field (rescale_slack=none: the plain
@@ -157,8 +161,10 @@ def config_overrides(items, classes: dict[str, type], context: str) -> dict[str,
 
 
 def _mosaic_variant(name: str) -> Impl:
+    items = name[len(VARIANT_BASE) + 1 :].split("/")
+    pair = items[0] == PAIR
     overrides = config_overrides(
-        name[len(VARIANT_BASE) + 1 :].split("/"),
+        items[1:] if pair else items,
         {"fwd": mosaic_config.MosaicConfig, "bwd": mosaic_config.MosaicBwdConfig},
         f"implementation {name!r}",
     )
@@ -167,7 +173,11 @@ def _mosaic_variant(name: str) -> Impl:
         h = q.shape[-1]
         fwd = mosaic_config.default_mosaic_config(h, k.shape[1], causal)
         fwd = dataclasses.replace(fwd, **overrides["fwd"])
-        bwd = dataclasses.replace(mosaic_config.default_mosaic_bwd_config(h), **overrides["bwd"])
+        if pair:
+            bwd = mosaic_config.pair_mosaic_bwd_config(h)
+        else:
+            bwd = mosaic_config.default_mosaic_bwd_config(h, causal)
+        bwd = dataclasses.replace(bwd, **overrides["bwd"])
         return pallas_flash.flash_attention(
             q,
             k,
@@ -184,7 +194,8 @@ def _mosaic_variant(name: str) -> Impl:
 
 def lookup(name: str) -> Impl:
     """The implementation called `name`: an entry of IMPLS, or a Mosaic config variant
-    (`pallas_flash:mosaic/block_q_dkv=128/num_stages_dkv=3`). KeyError if neither."""
+    (`pallas_flash:mosaic/block_q_dkv=128/num_stages_dkv=3`, `pallas_flash:mosaic/pair`).
+    KeyError if neither."""
     if name in IMPLS:
         return IMPLS[name]
     if name.startswith(VARIANT_BASE + "/"):

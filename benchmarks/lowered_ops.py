@@ -320,7 +320,7 @@ def main(argv=None) -> int:
         default = default_mosaic_config(args.head_dim, args.seq, causal)
     else:
         cls, lower = MosaicBwdConfig, backward_modules
-        default = default_mosaic_bwd_config(args.head_dim)
+        default = default_mosaic_bwd_config(args.head_dim, causal)
     base = dataclasses.replace(default, **parse_fields(args.base, cls))
     changed = dataclasses.replace(base, **parse_fields(args.set, cls))
     modules = [lower(c, spec, args.head_dim, args.seq) for c in (base, changed)]

@@ -159,13 +159,15 @@ def _dq_register_options(default, change: dict, head_dim: int) -> dict:
 
 
 def mosaic_bwd_candidates(head_dim: int) -> list[configs.MosaicBwdConfig]:
-    """The default with its dK/dV part changed in up to MOSAIC_BWD_CHANGES fields, or
-    its dQ part, never both. split_dkv (two warpgroups sharing a key tile, one on dV,
-    one on dK) joins the dK/dV fields at padded head dims >= 192, where the default
-    splits (with share_probs, which a candidate without the split drops); below, it
-    stays the default's. Combinations the config rejects (a split
-    with one warpgroup) are left out."""
-    default = configs.default_mosaic_bwd_config(head_dim)
+    """The pair's row (pair_mosaic_bwd_config; the default but at head dim 128
+    non-causal, where the default_config that `ordered` puts first is the fused kernel)
+    with its dK/dV part changed in up to MOSAIC_BWD_CHANGES fields, or its dQ part,
+    never both. split_dkv (two warpgroups sharing a key tile, one on dV, one on dK)
+    joins the dK/dV fields at padded head dims >= 192, where the default splits (with
+    share_probs, which a candidate without the split drops); below, it stays the
+    default's. Combinations the config rejects (a split with one warpgroup) are left
+    out."""
+    default = configs.pair_mosaic_bwd_config(head_dim)
     split = (default.split_dkv,)
     hp = mosaic_config.padded_head_dim(head_dim)
     if hp >= 192:
@@ -212,7 +214,7 @@ def default_config(family: str, pass_: str, s: suites.Shape):
     if family == "mosaic":
         if pass_ == "fwd":
             return configs.default_mosaic_config(head_dim, s.seq_k, s.causal)
-        return configs.default_mosaic_bwd_config(head_dim)
+        return configs.default_mosaic_bwd_config(head_dim, s.causal)
     if pass_ == "fwd":
         return configs.default_triton_config(head_dim, dtype)
     return configs.default_triton_bwd_config(head_dim, dtype)

@@ -206,7 +206,7 @@ def flash_attention(
         S = key.shape[1]
         if backend == "mosaic":
             fwd = config or configs.default_mosaic_config(H, S, call["spec"].causal)
-            bwd = backward_config or configs.default_mosaic_bwd_config(H)
+            bwd = backward_config or configs.default_mosaic_bwd_config(H, call["spec"].causal)
         elif backend == "triton":
             fwd = config or configs.default_triton_config(H, query.dtype)
             bwd = backward_config or configs.default_triton_bwd_config(H, query.dtype)

@@ -31,6 +31,7 @@ from pallas_flash.mosaic.config import MosaicBwdConfig as MosaicBwdConfig  # noq
 from pallas_flash.mosaic.config import MosaicConfig as MosaicConfig  # noqa: E402
 from pallas_flash.mosaic.config import default_mosaic_bwd_config as default_mosaic_bwd_config  # noqa: E402
 from pallas_flash.mosaic.config import default_mosaic_config as default_mosaic_config  # noqa: E402
+from pallas_flash.mosaic.config import pair_mosaic_bwd_config as pair_mosaic_bwd_config  # noqa: E402
 
 
 def _check_block(name: str, value: int) -> None:

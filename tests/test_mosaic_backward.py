@@ -31,6 +31,7 @@ from pallas_flash.mosaic.config import (
     default_mosaic_bwd_config,
     fused_mosaic_bwd_config,
     padded_head_dim,
+    pair_mosaic_bwd_config,
 )
 from tests import test_mosaic
 from tests.cases import Case, packed, seed_of, tolerance_check
@@ -104,7 +105,7 @@ def _backward(case, config, interpret, q, k, v, o, lse, do, dlse):
         _segments(case),
         spec=_spec(case),
         scale=case.head_dim**-0.5,
-        config=config or default_mosaic_bwd_config(case.head_dim),
+        config=config or default_mosaic_bwd_config(case.head_dim, case.causal),
         interpret=interpret,
     )[:3]
 
@@ -209,7 +210,7 @@ ROW_BOUND_CASES = [INTERPRET_CASES[i] for i in (1, 2, 3, 7)]
 def test_interpret_row_bound_mask_changes_no_bit(case):
     """`row_bound_mask` (each query's key bounds against the key iota, in both kernels)
     keeps the same elements as `masks.tile_mask`, so the gradients are the same bits."""
-    _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "row_bound_mask", True)
+    _flag_changes_no_bit(case, pair_mosaic_bwd_config(case.head_dim), "row_bound_mask", True)
 
 
 # The dK/dV split with P^T handed over: a GQA group with causal and ragged tiles, the
@@ -226,7 +227,7 @@ SHARE_PROBS_CASES = [
 def test_interpret_share_probs_changes_no_bit(case):
     """`share_probs`: the dK warpgroup reads the dV warpgroup's P^T instead of
     recomputing it from the same tiles, so the gradients are the same bits."""
-    config = dataclasses.replace(default_mosaic_bwd_config(case.head_dim), split_dkv=True)
+    config = dataclasses.replace(pair_mosaic_bwd_config(case.head_dim), split_dkv=True)
     _flag_changes_no_bit(case, config, "share_probs", True)
 
 
@@ -237,7 +238,7 @@ def test_interpret_dq_kv_multicast_changes_no_bit(case):
     tiles' rows (bottom-right causal with a key length, ragged lengths, a window, packed
     documents), so a tile may see key tiles its own rows mask out entirely: the same
     bits (and the reference's tolerance)."""
-    _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "dq_kv_multicast", True)
+    _flag_changes_no_bit(case, pair_mosaic_bwd_config(case.head_dim), "dq_kv_multicast", True)
 
 
 @pytest.mark.extended
@@ -247,7 +248,7 @@ def test_interpret_dkdv_q_multicast_changes_no_bit(case):
     both key spans (bottom-right causal with a key length, ragged lengths, a window, the
     head-dim-256 split, packed documents): query tiles one span's keys mask out entirely
     leave every bit as it was (and the reference's tolerance)."""
-    config = default_mosaic_bwd_config(case.head_dim)
+    config = pair_mosaic_bwd_config(case.head_dim)
     _flag_changes_no_bit(case, config, "dkdv_q_multicast", True)
 
 
@@ -269,7 +270,7 @@ def test_interpret_dq_pingpong_changes_no_bit(case):
     interpret mode runs) orders the products, not their arithmetic: the same bits, and
     the reference's tolerance. Both warpgroups walk the CTA's key tiles, none among them
     (rows past the lengths) included, so neither waits for a turn that never comes."""
-    _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "dq_pingpong", True)
+    _flag_changes_no_bit(case, pair_mosaic_bwd_config(case.head_dim), "dq_pingpong", True)
 
 
 # The dQ kernel's two warpgroups on one query tile (split_dq): head dims 128 and 256,
@@ -286,7 +287,7 @@ SPLIT_DQ_CASES = [
 @pytest.mark.extended
 @pytest.mark.parametrize("case", SPLIT_DQ_CASES, ids=lambda c: c.id)
 def test_interpret_split_dq_matches_reference(case):
-    config = default_mosaic_bwd_config(case.head_dim)
+    config = pair_mosaic_bwd_config(case.head_dim)
     config = _with_two_dq_warpgroups(config, split_dq=True, num_stages_dq=2)
     _compare(case, config, interpret=True, seed=_seed(case))
 
@@ -560,7 +561,7 @@ def test_interpret_fused_matches_reference(case, config, variant):
 @pytest.mark.parametrize(
     "case,config",
     [
-        (ROW_BOUND_CASES[0], default_mosaic_bwd_config(128)),  # the pair
+        (ROW_BOUND_CASES[0], pair_mosaic_bwd_config(128)),  # the pair
         FUSED_CASES[0],  # two consumers, each reading both K and dS^T tiles
     ],
     ids=["pair", "fused"],
@@ -805,7 +806,7 @@ def test_compiled_kernels_lower_for_hopper(head_dim, dtype, spec, in_registers):
     in registers, step_descriptors; split-dq: the dQ kernel's two warpgroups on one
     query tile, at the head dims with whole 64-column halves.)"""
     config = dataclasses.replace(
-        _with_operands(default_mosaic_bwd_config(head_dim), bool(in_registers), head_dim),
+        _with_operands(pair_mosaic_bwd_config(head_dim), bool(in_registers), head_dim),
         step_descriptors=in_registers == "steps",
     )
     if in_registers == "dq2":
@@ -841,7 +842,7 @@ def test_compiled_kernels_with_segment_ids_lower_for_hopper(head_dim):
     """Segment ids in both backward kernels, operands in registers: the ids' TMA copies,
     barriers and row/column layouts lower for sm_90 (the dK/dV split at 256 included)."""
     spec = masks.MaskSpec(causal=True, segments=True)
-    config = default_mosaic_bwd_config(head_dim)
+    config = pair_mosaic_bwd_config(head_dim)
 
     def f(q, k, v, o, lse, do, q_len, kv_len, q_seg, kv_seg):
         return mosaic_backward.backward(
@@ -880,7 +881,7 @@ def test_row_bound_mask_lowers_for_hopper(spec, fused):
     segments = spec == "causal-segments"
     if segments:
         spec = masks.MaskSpec(causal=True, segments=True)
-    config = FUSED_ROWS if fused else default_mosaic_bwd_config(64)
+    config = FUSED_ROWS if fused else pair_mosaic_bwd_config(64)
     config = dataclasses.replace(config, row_bound_mask=True)
 
     def f(q, k, v, o, lse, do, q_len, kv_len, *ids):
@@ -912,7 +913,7 @@ def test_dq_pingpong_lowers_for_hopper(head_dim):
     none."""
     from benchmarks import lowered_ops
 
-    config = dataclasses.replace(default_mosaic_bwd_config(head_dim), dq_pingpong=True)
+    config = dataclasses.replace(pair_mosaic_bwd_config(head_dim), dq_pingpong=True)
     dkdv, dq = lowered_ops.backward_modules(config, masks.MaskSpec(causal=True), head_dim, 1024)
     text = lowered_ops.module_text(dq)
     assert "bar.arrive $0, 256;" in text and "bar.sync $0, 256;" in text
@@ -1028,9 +1029,14 @@ def test_fused_kernel_lowers_for_hopper(head_dim, config, with_segments):
 @pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 def test_default_configs_fit_in_shared_memory(head_dim):
     for in_registers in (True, False):
-        config = _with_operands(default_mosaic_bwd_config(head_dim), in_registers, head_dim)
+        config = _with_operands(pair_mosaic_bwd_config(head_dim), in_registers, head_dim)
         assert config.smem_bytes_dkv(head_dim) <= 227 * 1024
         assert config.smem_bytes_dq(head_dim) <= 227 * 1024
+    for causal in (True, False):
+        config = default_mosaic_bwd_config(head_dim, causal)
+        # the fused kernel at head dim 128 non-causal only, the pair elsewhere
+        assert config.fused == (head_dim == 128 and not causal)
+        mosaic_backward.check_fits(config, head_dim)
 
 
 # --- compiled, on the H200 -------------------------------------------------------------
@@ -1047,7 +1053,10 @@ GPU_CASES = test_mosaic.GPU_CASES
 @pytest.mark.parametrize("in_registers", [True, False], ids=["regs", "staged"])
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
 def test_gpu_matches_reference(case, in_registers):
-    config = _with_operands(default_mosaic_bwd_config(case.head_dim), in_registers, case.head_dim)
+    config = default_mosaic_bwd_config(case.head_dim, case.causal)
+    if config.fused and not in_registers:
+        pytest.skip("the fused default (fa3_order) reads its operands from registers only")
+    config = _with_operands(config, in_registers, case.head_dim)
     _compare(case, config, interpret=False, seed=_seed(case))
 
 
@@ -1066,11 +1075,13 @@ def test_gpu_configs(config):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_gpu_is_bitwise_deterministic(head_dim):
+def test_gpu_is_bitwise_deterministic(head_dim, causal):
     """No atomics: two identical calls give bitwise-equal gradients (a GQA group of 4,
-    whose dK/dV sum over the group happens inside one CTA)."""
-    case = Case(2, 1024, 900, 8, 2, head_dim, BF16, causal=True, kv_lens=(900, 500))
+    whose dK/dV sum over the group happens inside one CTA; at head dim 128 non-causal
+    the fused default, whose dQ adds go in a fixed order)."""
+    case = Case(2, 1024, 900, 8, 2, head_dim, BF16, causal=causal, kv_lens=(900, 500))
     (q, k, v, do, dlse), ref, _ = _problem(case, 3, True)
     o, lse = ref[0].astype(BF16), ref[1]
     dlse = jnp.where(jnp.isfinite(lse), dlse, 0.0)
@@ -1097,7 +1108,7 @@ def test_gpu_never_reads_skipped_tiles():
 def test_gpu_row_bound_mask_changes_no_bit(case):
     """row_bound_mask compiled, both kernels: the same bits as the head dim's row with
     `masks.tile_mask` (and both within the reference's tolerance)."""
-    _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "row_bound_mask", False)
+    _flag_changes_no_bit(case, pair_mosaic_bwd_config(case.head_dim), "row_bound_mask", False)
 
 
 @pytest.mark.gpu
@@ -1105,7 +1116,7 @@ def test_gpu_row_bound_mask_changes_no_bit(case):
 def test_gpu_share_probs_changes_no_bit(case):
     """share_probs compiled: the dK/dV split with P^T handed over gives the split's bits
     (and both are within the reference's tolerance)."""
-    config = dataclasses.replace(default_mosaic_bwd_config(case.head_dim), split_dkv=True)
+    config = dataclasses.replace(pair_mosaic_bwd_config(case.head_dim), split_dkv=True)
     _flag_changes_no_bit(case, config, "share_probs", False)
 
 
@@ -1117,7 +1128,7 @@ def test_gpu_q_do_in_registers_changes_no_bit(case):
     """q_do_in_registers compiled (the dQ kernel's Q and dO as register A operands): the
     same products in the same order, so the head dim's row's bits (and the reference's
     tolerance), at the head dims whose registers hold them."""
-    _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "q_do_in_registers", False)
+    _flag_changes_no_bit(case, pair_mosaic_bwd_config(case.head_dim), "q_do_in_registers", False)
 
 
 @pytest.mark.gpu
@@ -1127,7 +1138,7 @@ def test_gpu_q_do_in_registers_changes_no_bit(case):
 def test_gpu_k_v_in_registers_changes_no_bit(case):
     """k_v_in_registers compiled (the dK/dV kernel's K and V as register A operands), at
     head dim 64, the one whose registers hold them beside dK and dV."""
-    _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "k_v_in_registers", False)
+    _flag_changes_no_bit(case, pair_mosaic_bwd_config(case.head_dim), "k_v_in_registers", False)
 
 
 @pytest.mark.gpu
@@ -1140,7 +1151,7 @@ def test_gpu_dq_key_tiles_change_no_bit(case):
     same bits (and the reference's tolerance). Compiled only: staged through shared
     memory (interpret mode's form) each tile's product is added on its own, and 128-key
     and 64-key tiles then round differently (checked on CPU at 9a4f9ab)."""
-    config = default_mosaic_bwd_config(case.head_dim)
+    config = pair_mosaic_bwd_config(case.head_dim)
     assert config.block_kv_dq == 128
     _flag_changes_no_bit(case, config, "block_kv_dq", False, values=(128, 64))
 
@@ -1152,7 +1163,7 @@ def test_gpu_dq_key_tiles_change_no_bit(case):
 def test_gpu_dq_pingpong_changes_no_bit(case):
     """dq_pingpong compiled (the turns on hardware named barriers): the default's bits
     (and the reference's tolerance), no hang."""
-    _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "dq_pingpong", False)
+    _flag_changes_no_bit(case, pair_mosaic_bwd_config(case.head_dim), "dq_pingpong", False)
 
 
 @pytest.mark.gpu
@@ -1160,7 +1171,7 @@ def test_gpu_dq_pingpong_changes_no_bit(case):
 def test_gpu_dq_kv_multicast_changes_no_bit(case):
     """dq_kv_multicast compiled (the dQ kernel in clusters of two, K/V by TMA multicast):
     the default's bits (and the reference's tolerance)."""
-    _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "dq_kv_multicast", False)
+    _flag_changes_no_bit(case, pair_mosaic_bwd_config(case.head_dim), "dq_kv_multicast", False)
 
 
 @pytest.mark.gpu
@@ -1168,7 +1179,7 @@ def test_gpu_dq_kv_multicast_changes_no_bit(case):
 def test_gpu_dkdv_q_multicast_changes_no_bit(case):
     """dkdv_q_multicast compiled (the dK/dV kernel in clusters of two, Q and dO by TMA
     multicast): the default's bits (and the reference's tolerance)."""
-    config = default_mosaic_bwd_config(case.head_dim)
+    config = pair_mosaic_bwd_config(case.head_dim)
     _flag_changes_no_bit(case, config, "dkdv_q_multicast", False)
 
 
@@ -1179,7 +1190,7 @@ def test_gpu_dkdv_q_multicast_changes_no_bit(case):
 def test_gpu_solo_dq_registers_change_no_bit(case):
     """solo_dq_registers compiled (the one dQ warpgroup of head dims above 128 with 256
     registers): the same code with more registers, so the default's bits."""
-    _flag_changes_no_bit(case, default_mosaic_bwd_config(case.head_dim), "solo_dq_registers", False)
+    _flag_changes_no_bit(case, pair_mosaic_bwd_config(case.head_dim), "solo_dq_registers", False)
 
 
 @pytest.mark.gpu
@@ -1189,7 +1200,7 @@ def test_gpu_solo_dq_registers_change_no_bit(case):
 def test_gpu_split_dq_matches_reference(case):
     """split_dq compiled (the dQ kernel's two warpgroups on one query tile), at the head
     dims whose halves are whole 64-column tiles."""
-    config = default_mosaic_bwd_config(case.head_dim)
+    config = pair_mosaic_bwd_config(case.head_dim)
     config = _with_two_dq_warpgroups(config, split_dq=True, num_stages_dq=2)
     _compare(case, config, interpret=False, seed=_seed(case))
 
@@ -1306,7 +1317,7 @@ def test_gpu_step_descriptors_change_no_bit(case, kernels):
     """step_descriptors compiled, in the fused kernel in FA3's order (where the spills
     were) and in the pair: the same bits as without."""
     if kernels == "pair":
-        config = default_mosaic_bwd_config(case.head_dim)
+        config = pair_mosaic_bwd_config(case.head_dim)
     else:
         config = dataclasses.replace(fused_mosaic_bwd_config(case.head_dim), fa3_order=True)
     _flag_changes_no_bit(case, config, "step_descriptors", False)

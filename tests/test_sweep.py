@@ -92,7 +92,7 @@ def test_sweep_tiny_mosaic_runs_and_renders(tmp_path):
         changed = [k for k, v in other.items() if v != getattr(default_fwd, k)]
         assert len(changed) == 1 and not other["p_in_registers"], changed
     default_bwd = dataclasses.replace(
-        configs.default_mosaic_bwd_config(64), operands_in_registers=False
+        configs.default_mosaic_bwd_config(64, False), operands_in_registers=False
     )
     bwd = [r for r in rows if r["pass"] == "bwd"]
     assert all(r["config"] == dataclasses.asdict(default_bwd) for r in bwd if r["default"])
@@ -147,7 +147,7 @@ def test_mosaic_candidates_start_at_the_default_and_it_fits(head_dim):
     assert all(c.p_in_registers for c in fwd)
     assert sum(a != b for a, b in zip(sweep._axes(fwd[1]), sweep._axes(fwd_default))) == 1
 
-    default = configs.default_mosaic_bwd_config(head_dim)
+    default = configs.pair_mosaic_bwd_config(head_dim)
     every = sweep.ordered(sweep.candidates("mosaic", "bwd", head_dim), default)
     assert every[0] == default and len(set(every)) == len(every)
     # The fused kernel's candidates: every dK/dV combination that fits it, none above

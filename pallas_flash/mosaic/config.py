@@ -1114,8 +1114,45 @@ def fused_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
     )
 
 
-def default_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
-    """The backward default table's row for this head dim (16-bit inputs only)."""
+# The fused backward (one kernel, dQ added in a fixed order) in FA3's step order with
+# per-step descriptors, its dQ share in column halves and its ordered adds in two writer
+# warps, a slot each (`fused_full_bwd_config`): the default of padded head dim 128 when
+# the call is not causal, since 9651b8e's runs (results/mosaic-9651b8e/; bf16,
+# B x T = 16k, backward TFLOP/s, against the pair in the same process): non-causal
+# 2k / 4k / 8k / 16k 427.5 / 457.7 / 473.6 / 475.8 against 406.9 / 449.4 / 461.0 / 456.8
+# (1.05x / 1.02x / 1.03x / 1.04x; cuDNN 418.1 / 488.8 / 515.7 / 521.0). Causal it ran
+# 1.01x / 1.02x / 1.00x / 0.98x the pair (351.2 / 408.7 / 447.1 / 455.8 against 348.2 /
+# 400.9 / 445.2 / 465.0): level, so causal calls keep the pair. Compiled, the split
+# writer gives the one writer's bits on the 11 fused case-table rows that ran
+# (results/mosaic-9651b8e/mosaic-tests-split-writer.log).
+BWD_FUSED_FULL = True
+
+
+def fused_full_bwd_config(head_dim: int) -> MosaicBwdConfig:
+    """The fused build of BWD_FUSED_FULL at this head dim (128 at most, as
+    fused_mosaic_bwd_config)."""
+    return dataclasses.replace(
+        fused_mosaic_bwd_config(head_dim),
+        fa3_order=True,
+        step_descriptors=True,
+        share_halves=True,
+        writer_warp=True,
+        split_writer=True,
+    )
+
+
+def default_mosaic_bwd_config(head_dim: int, causal: bool) -> MosaicBwdConfig:
+    """The backward default table's row for this head dim and causality (16-bit inputs
+    only): the fused kernel at padded head dim 128 without a causal mask
+    (BWD_FUSED_FULL), else the pair (pair_mosaic_bwd_config)."""
+    if BWD_FUSED_FULL and padded_head_dim(head_dim) == 128 and not causal:
+        return fused_full_bwd_config(head_dim)
+    return pair_mosaic_bwd_config(head_dim)
+
+
+def pair_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
+    """The two-kernel backward's row for this head dim (a dK/dV kernel and a dQ kernel,
+    no atomics; 16-bit inputs only): the default but at head dim 128 non-causal."""
     hp = padded_head_dim(head_dim)
     if hp == 64:
         # Sweep at 12-01 (B=2, T=S=8k, bf16): 128-row Q tiles through 3 slots in the
