@@ -167,6 +167,21 @@ INTERPRET_CASES = [
         causal=True,
         segments=(packed([(30, 100), (130,)], 130), packed([(40, 110), (150,)], 150)),
     ),
+    # Head dims 65-128 without a causal mask take the fused default (BWD_FUSED_FULL): no
+    # mask with a GQA group and a ragged last query tile (several spans adding to each
+    # query tile), and packed documents with ragged key lengths at a padded head dim.
+    Case(1, 300, 512, 2, 1, 128, BF16),
+    Case(
+        2,
+        200,
+        230,
+        2,
+        1,
+        96,
+        F16,
+        kv_lens=(230, 150),
+        segments=(packed([(60, 140), (200,)], 200), packed([(70, 170), (230,)], 230)),
+    ),
 ]
 
 
@@ -280,7 +295,7 @@ SPLIT_DQ_CASES = [
     INTERPRET_CASES[1],
     INTERPRET_CASES[5],
     Case(1, 64, 400, 1, 1, 128, BF16),
-    dataclasses.replace(INTERPRET_CASES[-1], head_dim=128, dtype=BF16),  # segment ids
+    dataclasses.replace(INTERPRET_CASES[7], head_dim=128, dtype=BF16),  # segment ids
 ]
 
 
@@ -531,7 +546,8 @@ FUSED_CASES = [
 # keys, consumer 1 adding consumer 0's (`chained_share`); the walks upward, rotated
 # where no mask cuts the spans (`rotated_adds`: GPU interpret mode runs the CTAs in
 # order, so it checks the walks, not the turns: test_rotated_adds_turns does); the
-# writer warp's adds split between two warps, a slot each (`split_writer`).
+# writer warp's adds split between two warps, a slot each (`split_writer`), with the
+# halves or the whole share.
 FUSED_VARIANTS = {
     "keys-rows": {},
     "query-rows": {"query_rows": True},
@@ -539,6 +555,8 @@ FUSED_VARIANTS = {
     "chained-share": {"chained_share": True},
     "rotated-adds": {"rotated_adds": True},
     "split-writer": {"share_halves": True, "writer_warp": True, "split_writer": True},
+    # Two writer warps with the whole share (head dim 64's rows: a share of N = 64).
+    "writer-warps": {"writer_warp": True, "split_writer": True},
 }
 
 
@@ -987,6 +1005,20 @@ FUSED_LOWERINGS = {
         ),
         False,
     ),
+    # Head dim 64's rows with two writer warps and the whole share (N = 64), in the
+    # build a head-dim-64 timing would take (two dK/dV stages beside the share).
+    "h64-rows-fa3-order-step-descriptors-writer-warps": (
+        64,
+        dataclasses.replace(
+            FUSED_ROWS,
+            num_stages_dkv=2,
+            fa3_order=True,
+            step_descriptors=True,
+            writer_warp=True,
+            split_writer=True,
+        ),
+        False,
+    ),
     # Head dim 64's rows split into parts, in FA3's order.
     **{
         f"h64-rows-fa3-order-{name}": (
@@ -1024,6 +1056,34 @@ def test_fused_kernel_lowers_for_hopper(head_dim, config, with_segments):
     text = traced.lower(lowering_platforms=("cuda",)).as_text()
     assert "pallas_flash_mosaic_bwd_fused" in text
     assert "pallas_flash_mosaic_bwd_dq" not in text and "pallas_flash_mosaic_bwd_dkdv" not in text
+
+
+@pytest.mark.parametrize("segments", [False, True], ids=["plain", "segments"])
+@pytest.mark.parametrize("head_dim", [96, 128])
+def test_default_fused_backward_lowers_for_hopper(head_dim, segments):
+    """The default at head dims 65-128 without a causal mask (the fused kernel in FA3's
+    order, its share in halves, two writer warps) lowers for sm_90 on CPU, register
+    operands included, which interpret mode drops (fa3_order): one kernel, no dQ
+    kernel."""
+    config = default_mosaic_bwd_config(head_dim, False)
+    assert config.fused and config.fa3_order and config.split_writer
+    spec = masks.MaskSpec(segments=segments)
+
+    def f(q, k, v, o, lse, do, q_len, kv_len, *ids):
+        return mosaic_backward.backward(
+            q, k, v, o, lse, do, None, q_len, kv_len, ids or None, spec=spec, scale=0.1,
+            config=config,
+        )[:3]  # fmt: skip
+
+    q = jax.ShapeDtypeStruct((2, 300, 4, head_dim), BF16)
+    kv = jax.ShapeDtypeStruct((2, 257, 2, head_dim), BF16)
+    lse = jax.ShapeDtypeStruct((2, 4, 300), jnp.float32)
+    lens = jax.ShapeDtypeStruct((2,), jnp.int32)
+    ids = [jax.ShapeDtypeStruct((2, n), jnp.int32) for n in (300, 257)] if segments else []
+    traced = jax.jit(f).trace(q, kv, kv, q, lse, q, lens, lens, *ids)
+    text = traced.lower(lowering_platforms=("cuda",)).as_text()
+    assert "pallas_flash_mosaic_bwd_fused" in text
+    assert "pallas_flash_mosaic_bwd_dq" not in text
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
