@@ -1040,34 +1040,14 @@ def test_fused_kernel_lowers_for_hopper(head_dim, config, with_segments):
     has: the fourth warpgroup, the global semaphores and their waits and signals, the
     TMA reduce-adds and the dS^T / dQ-share exchange; and no dQ kernel is left."""
     spec = masks.MaskSpec(causal=True, bottom_right=True, segments=with_segments)
-
-    def f(q, k, v, o, lse, do, q_len, kv_len, *segments):
-        return mosaic_backward.backward(
-            q, k, v, o, lse, do, None, q_len, kv_len, segments or None, spec=spec, scale=0.1,
-            config=config,
-        )[:3]  # fmt: skip
-
-    q = jax.ShapeDtypeStruct((2, 300, 4, head_dim), BF16)
-    kv = jax.ShapeDtypeStruct((2, 257, 2, head_dim), BF16)
-    lse = jax.ShapeDtypeStruct((2, 4, 300), jnp.float32)
-    lens = jax.ShapeDtypeStruct((2,), jnp.int32)
-    ids = [jax.ShapeDtypeStruct((2, n), jnp.int32) for n in (300, 257)] if with_segments else []
-    traced = jax.jit(f).trace(q, kv, kv, q, lse, q, lens, lens, *ids)
-    text = traced.lower(lowering_platforms=("cuda",)).as_text()
+    text = _lowered_backward(head_dim, config, spec)
     assert "pallas_flash_mosaic_bwd_fused" in text
     assert "pallas_flash_mosaic_bwd_dq" not in text and "pallas_flash_mosaic_bwd_dkdv" not in text
 
 
-@pytest.mark.parametrize("segments", [False, True], ids=["plain", "segments"])
-@pytest.mark.parametrize("head_dim", [96, 128])
-def test_default_fused_backward_lowers_for_hopper(head_dim, segments):
-    """The default at head dims 65-128 without a causal mask (the fused kernel in FA3's
-    order, its share in halves, two writer warps) lowers for sm_90 on CPU, register
-    operands included, which interpret mode drops (fa3_order): one kernel, no dQ
-    kernel."""
-    config = default_mosaic_bwd_config(head_dim, False)
-    assert config.fused and config.fa3_order and config.split_writer
-    spec = masks.MaskSpec(segments=segments)
+def _lowered_backward(head_dim: int, config: MosaicBwdConfig, spec: masks.MaskSpec) -> str:
+    """The backward's module lowered for CUDA on CPU (sm_90's Mosaic GPU lowering): GQA
+    with T != S off the tiles, ragged lengths, segment ids where `spec` has them."""
 
     def f(q, k, v, o, lse, do, q_len, kv_len, *ids):
         return mosaic_backward.backward(
@@ -1079,9 +1059,21 @@ def test_default_fused_backward_lowers_for_hopper(head_dim, segments):
     kv = jax.ShapeDtypeStruct((2, 257, 2, head_dim), BF16)
     lse = jax.ShapeDtypeStruct((2, 4, 300), jnp.float32)
     lens = jax.ShapeDtypeStruct((2,), jnp.int32)
-    ids = [jax.ShapeDtypeStruct((2, n), jnp.int32) for n in (300, 257)] if segments else []
+    ids = [jax.ShapeDtypeStruct((2, n), jnp.int32) for n in (300, 257)] if spec.segments else []
     traced = jax.jit(f).trace(q, kv, kv, q, lse, q, lens, lens, *ids)
-    text = traced.lower(lowering_platforms=("cuda",)).as_text()
+    return traced.lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("segments", [False, True], ids=["plain", "segments"])
+@pytest.mark.parametrize("head_dim", [96, 128])
+def test_default_fused_backward_lowers_for_hopper(head_dim, segments):
+    """The default at head dims 65-128 without a causal mask (the fused kernel in FA3's
+    order, its share in halves, two writer warps) lowers for sm_90 on CPU, register
+    operands included, which interpret mode drops (fa3_order): one kernel, no dQ
+    kernel."""
+    config = default_mosaic_bwd_config(head_dim, False)
+    assert config.fused and config.fa3_order and config.split_writer
+    text = _lowered_backward(head_dim, config, masks.MaskSpec(segments=segments))
     assert "pallas_flash_mosaic_bwd_fused" in text
     assert "pallas_flash_mosaic_bwd_dq" not in text
 
