@@ -29,6 +29,7 @@ from pallas_flash.mosaic.config import (
     MosaicBwdConfig,
     MosaicConfig,
     default_mosaic_bwd_config,
+    fused_full_bwd_config,
     fused_mosaic_bwd_config,
     padded_head_dim,
     pair_mosaic_bwd_config,
@@ -1350,15 +1351,11 @@ def test_gpu_fused_rotated_adds_matches_reference(case):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
 def test_gpu_fused_split_writer_changes_no_bit(case):
-    """Two writer warps, a slot each (split_writer), compiled in the build timed: the
-    same adds in the same order as one writer, so the same bits (and the reference's
-    tolerance)."""
-    config = dataclasses.replace(_fused_fa3_steps(case.head_dim), share_halves=True)
+    """Two writer warps, a slot each (split_writer), compiled in the build timed, the
+    fused default's (fused_full_bwd_config): the same adds in the same order as one
+    writer, so the same bits (and the reference's tolerance)."""
     _flag_changes_no_bit(
-        case,
-        dataclasses.replace(config, writer_warp=True),
-        "split_writer",
-        interpret=False,
+        case, fused_full_bwd_config(case.head_dim), "split_writer", interpret=False
     )
 
 

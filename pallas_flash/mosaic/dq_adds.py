@@ -43,14 +43,15 @@ emptied yet. (One dS^T buffer, two share slots: at head dim 128 that is what fit
 227 KiB beside K, V and the two-stage Q/dO ring; the consumers run in step, so the
 buffer is free again long before it is needed.)
 
-Two options change who adds when (both off; README, "What the fused kernel's dQ
-costs"). `rotated_adds`: the CTAs walk their query tiles upward and a tile's adds go in
-decreasing span order, or where no mask cuts the spans each CTA's walk is rotated by its
-index and the turns go round from the span that reached the tile first (`turn`), so
-that when the CTAs run at one pace every turn is due on arrival; a span then waits on
-spans of higher index, so a head's spans are launched together and must all be
-resident (at most one span an SM). `split_writer` (with writer_warp): two writer warps,
-one a slot, so one step's adds wait and land while the next step's go out.
+Two options change who adds when (README, "What the fused kernel's dQ costs"; the first
+off, the second in the fused default, config.BWD_FUSED_FULL). `rotated_adds`: the CTAs
+walk their query tiles upward and a tile's adds go in decreasing span order, or where no
+mask cuts the spans each CTA's walk is rotated by its index and the turns go round from
+the span that reached the tile first (`turn`), so that when the CTAs run at one pace
+every turn is due on arrival; a span then waits on spans of higher index, so a head's
+spans are launched together and must all be resident (at most one span an SM).
+`split_writer` (with writer_warp): two writer warps, one a slot, so one step's adds wait
+and land while the next step's go out.
 
 GPU interpret mode has neither global semaphores nor TMA reductions, but runs the CTAs
 one after another in grid order, which visits the spans of a head in increasing order:
