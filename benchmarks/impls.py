@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 import pallas_flash
+from pallas_flash.mosaic import bwd_config
 from pallas_flash.mosaic import config as mosaic_config
 
 
@@ -51,7 +52,7 @@ def _ours_mosaic_fused(q, k, v, *, causal, **extra):
     dim 128 the two consumers split the dQ share's columns, at 64 (128-row query tiles)
     its rows (`fused_mosaic_bwd_config`); above 128 it does not fit, and the row records
     the error."""
-    bwd = mosaic_config.fused_mosaic_bwd_config(q.shape[-1])
+    bwd = bwd_config.fused_mosaic_bwd_config(q.shape[-1])
     return pallas_flash.flash_attention(
         q, k, v, is_causal=causal, implementation="mosaic", backward_config=bwd, **extra
     )
@@ -165,7 +166,7 @@ def _mosaic_variant(name: str) -> Impl:
     pair = items[0] == PAIR
     overrides = config_overrides(
         items[1:] if pair else items,
-        {"fwd": mosaic_config.MosaicConfig, "bwd": mosaic_config.MosaicBwdConfig},
+        {"fwd": mosaic_config.MosaicConfig, "bwd": bwd_config.MosaicBwdConfig},
         f"implementation {name!r}",
     )
 
@@ -174,9 +175,9 @@ def _mosaic_variant(name: str) -> Impl:
         fwd = mosaic_config.default_mosaic_config(h, k.shape[1], causal)
         fwd = dataclasses.replace(fwd, **overrides["fwd"])
         if pair:
-            bwd = mosaic_config.pair_mosaic_bwd_config(h)
+            bwd = bwd_config.pair_mosaic_bwd_config(h)
         else:
-            bwd = mosaic_config.default_mosaic_bwd_config(h, causal)
+            bwd = bwd_config.default_mosaic_bwd_config(h, causal)
         bwd = dataclasses.replace(bwd, **overrides["bwd"])
         return pallas_flash.flash_attention(
             q,

@@ -46,12 +46,8 @@ from benchmarks.impls import config_overrides
 from pallas_flash import masks
 from pallas_flash.mosaic import backward as mosaic_backward
 from pallas_flash.mosaic import forward as mosaic_forward
-from pallas_flash.mosaic.config import (
-    MosaicBwdConfig,
-    MosaicConfig,
-    default_mosaic_bwd_config,
-    default_mosaic_config,
-)
+from pallas_flash.mosaic.bwd_config import MosaicBwdConfig, default_mosaic_bwd_config
+from pallas_flash.mosaic.config import MosaicConfig, default_mosaic_config
 
 # A step loop's least size in operations (smaller innermost loops are barrier waits and
 # the dQ writer's drains).

@@ -6,10 +6,11 @@
 
 Families: "triton" sweeps the Triton-lowered kernels' TritonConfig / TritonBwdConfig
 (configs.py's table); "mosaic" the Mosaic GPU (Hopper) kernels' MosaicConfig /
-MosaicBwdConfig (mosaic/config.py's tables): forward tiles, pipeline stages and FA3's
-ping-pong; backward tiles, stages and warpgroups of the dK/dV and dQ kernels, each
-kernel's part varied around the default with the other's at its default (the two
-kernels run one after the other, so their times add: the best of each part combine).
+MosaicBwdConfig (the tables of mosaic/config.py and mosaic/bwd_config.py): forward
+tiles, pipeline stages and FA3's ping-pong; backward tiles, stages and warpgroups of the
+dK/dV and dQ kernels, each kernel's part varied around the default with the other's at
+its default (the two kernels run one after the other, so their times add: the best of
+each part combine).
 
 Shapes: FlashAttention-2's grid at one length, bf16, 16k tokens per batch, hidden 2048
 (batch = 16384 // seq, heads = 2048 // head dim), causal off and on. Per (head dim,
@@ -56,6 +57,7 @@ from benchmarks import bench, render, suites
 from benchmarks.impls import Impl
 from pallas_flash import configs
 from pallas_flash.mosaic import backward as mosaic_backward
+from pallas_flash.mosaic import bwd_config
 from pallas_flash.mosaic import config as mosaic_config
 
 FAMILIES = ("triton", "mosaic")
@@ -152,7 +154,7 @@ def _dq_register_options(default, change: dict, head_dim: int) -> dict:
     block_q = change.get("block_q_dq", default.block_q_dq)
     return dict(
         q_do_in_registers=default.q_do_in_registers
-        and mosaic_config.q_do_fit_registers(block_q, head_dim),
+        and bwd_config.q_do_fit_registers(block_q, head_dim),
         solo_dq_registers=default.solo_dq_registers
         and change.get("consumers_dq", default.consumers_dq) == 1,
     )

@@ -24,7 +24,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from pallas_flash import configs, dropout, masks, reference, sparsity, vjp
 from pallas_flash.logits import Logits
-from pallas_flash.mosaic import forward as mosaic_forward
+from pallas_flash.mosaic import support as mosaic_support
 from pallas_flash.sparsity import BlockSparse
 
 IMPLEMENTATIONS = ("mosaic", "triton", "xla_blockwise", "xla")
@@ -514,10 +514,10 @@ def _unsupported(backend: str, call) -> str | None:
             return f"{', '.join(lacks)} not supported by 'xla_blockwise' (use 'triton' or 'xla')"
     if backend == "mosaic":
         if _platform() == "gpu":  # off GPU: Pallas's GPU interpret mode
-            reason = mosaic_forward.device_unsupported()
+            reason = mosaic_support.device_unsupported()
             if reason is not None:
                 return reason
-        return mosaic_forward.unsupported(
+        return mosaic_support.unsupported(
             call["dtype"],
             call["head_dim"],
             call["spec"],

@@ -27,11 +27,11 @@ import dataclasses
 import numpy as np
 
 # The Mosaic GPU (Hopper) family's config lives beside its kernel; re-exported here.
-from pallas_flash.mosaic.config import MosaicBwdConfig as MosaicBwdConfig  # noqa: E402
+from pallas_flash.mosaic.bwd_config import MosaicBwdConfig as MosaicBwdConfig  # noqa: E402
+from pallas_flash.mosaic.bwd_config import default_mosaic_bwd_config as default_mosaic_bwd_config  # noqa: E402
+from pallas_flash.mosaic.bwd_config import pair_mosaic_bwd_config as pair_mosaic_bwd_config  # noqa: E402
 from pallas_flash.mosaic.config import MosaicConfig as MosaicConfig  # noqa: E402
-from pallas_flash.mosaic.config import default_mosaic_bwd_config as default_mosaic_bwd_config  # noqa: E402
 from pallas_flash.mosaic.config import default_mosaic_config as default_mosaic_config  # noqa: E402
-from pallas_flash.mosaic.config import pair_mosaic_bwd_config as pair_mosaic_bwd_config  # noqa: E402
 
 
 def _check_block(name: str, value: int) -> None:

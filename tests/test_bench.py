@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks import anchors, bench, ptxas, render
 from pallas_flash import masks
+from pallas_flash.mosaic import bwd_config
 from pallas_flash.mosaic import config as mosaic_config
 
 KEYS = {
@@ -777,10 +778,10 @@ def test_mosaic_config_variants_are_named_by_their_fields(monkeypatch):
     seen.clear()  # the backward default at the call's causal flag (head dim 128: fused
     for causal in (False, True):  # unless causal), and `pair` names the pair there
         impls.lookup("pallas_flash:mosaic/num_stages=2").fn(q, q, q, causal=causal)
-        assert seen["backward_config"] == mosaic_config.default_mosaic_bwd_config(128, causal)
+        assert seen["backward_config"] == bwd_config.default_mosaic_bwd_config(128, causal)
         assert seen["backward_config"].fused is not causal
         impls.lookup("pallas_flash:mosaic/pair/block_q_dkv=128").fn(q, q, q, causal=causal)
-        pair = mosaic_config.pair_mosaic_bwd_config(128)
+        pair = bwd_config.pair_mosaic_bwd_config(128)
         assert seen["backward_config"] == dataclasses.replace(pair, block_q_dkv=128)
     with pytest.raises(ValueError, match="'pair' is not FIELD=VALUE"):  # first item only
         impls.lookup("pallas_flash:mosaic/num_stages=2/pair")
@@ -851,6 +852,25 @@ def test_lowered_ops_counts_the_mask_formulations(capsys):
         lowered_ops.parse_fields(["row_mask=true"])
 
 
+def test_lowered_digest_sees_the_kernel_not_where_its_code_sits(capsys):
+    """The same build digests the same after other lowerings in the process (a kernel's
+    dump name counts them); the program's text is hashed without the kernel's bytecode
+    and its hash, where the source locations ride (the kernels' own text is hashed
+    without them); one changed field changes the digest; the CLI prints a line a build."""
+    from benchmarks import lowered_digest
+
+    spec = masks.MaskSpec(causal=True)
+    config = mosaic_config.default_mosaic_config(64, 256, True)
+    first = lowered_digest.forward_digest(config, spec, 64, 256)
+    other = dataclasses.replace(config, row_bound_mask=False)
+    assert lowered_digest.forward_digest(other, spec, 64, 256) != first
+    text = "loc(#loc1)\n" + 'module = "\\22bytes\\22" kernel_hash = "\\00\\01"'
+    assert lowered_digest._MODULE_ATTR.sub(r"\1", text) == "loc(#loc1)\nmodule kernel_hash"
+    assert lowered_digest.forward_digest(config, spec, 64, 256) == first
+    assert lowered_digest.main(["--quick", "--only", "fwd h64 s256 causal"]) == 0
+    assert capsys.readouterr().out == f"fwd h64 s256 causal: {first}\n"
+
+
 def test_lowered_ops_sets_our_forward_step_beside_a_peers(capsys):
     """--peers: JAX's Mosaic FA3 lowers on CPU (its CUDA version check stood in for) with
     our row's tiles; its step waits on four mbarriers (K, V and two for the ping-pong),
@@ -878,7 +898,7 @@ def test_lowered_ops_step_live_ins(capsys):
     from benchmarks import lowered_ops
 
     spec = masks.MaskSpec(causal=True)
-    fused = mosaic_config.MosaicBwdConfig(fused=True, fa3_order=True)
+    fused = bwd_config.MosaicBwdConfig(fused=True, fa3_order=True)
     for step_descriptors, want in ((False, True), (True, False)):
         config = dataclasses.replace(fused, step_descriptors=step_descriptors)
         (module,) = lowered_ops.backward_modules(config, spec, 128, 256)

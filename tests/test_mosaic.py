@@ -25,9 +25,10 @@ from pallas_flash import masks, reference
 from pallas_flash.configs import TritonBwdConfig, TritonConfig
 from pallas_flash.logits import Logits
 from pallas_flash.mosaic import forward as mosaic_forward
+from pallas_flash.mosaic import pipeline, softmax, support
+from pallas_flash.mosaic.bwd_config import MosaicBwdConfig
 from pallas_flash.mosaic.config import (
     WARPGROUP_THREADS,
-    MosaicBwdConfig,
     MosaicConfig,
     default_mosaic_config,
     padded_head_dim,
@@ -461,16 +462,16 @@ def test_interpret_early_q_load_changes_no_bit(case, flags):
 
 
 def test_exp2_poly_matches_exp2():
-    """forward.exp2_poly (its jnp form) against float64 2^x: relative error below
+    """softmax.exp2_poly (its jnp form) against float64 2^x: relative error below
     8e-5 for x from 0 down to -125 (a probability's exponent is at most 0; below 2^-126
     float32 has only denormals, which the CPU and ex2.approx.ftz flush), exactly 0 from
     -126.5 down (-inf, a masked score, included), and NaN kept."""
     x = np.concatenate([-np.geomspace(1e-6, 125, 200_001), np.arange(-125, 1.0)])
-    got = np.asarray(jax.jit(mosaic_forward.exp2_poly)(jnp.asarray(x, jnp.float32)), np.float64)
+    got = np.asarray(jax.jit(softmax.exp2_poly)(jnp.asarray(x, jnp.float32)), np.float64)
     exact = 2.0 ** x.astype(np.float32).astype(np.float64)
     assert np.max(np.abs(got / exact - 1)) < 8e-5
     edge = jnp.array([-126.6, -127.0, -1e30, -jnp.inf, jnp.nan], jnp.float32)
-    out = np.asarray(mosaic_forward.exp2_poly(edge))
+    out = np.asarray(softmax.exp2_poly(edge))
     np.testing.assert_array_equal(out[:4], 0.0)
     assert np.isnan(out[4])
 
@@ -508,9 +509,7 @@ def test_rescale_slack_keeps_a_row_max_that_grew_less():
     s = jnp.array([[4.0, 0.0], [1.0, 0.5], [0.25, -1.0]])
     got = {}
     for slack in (8.0, 2.0, None):
-        p, m, total, alpha, rescaled = mosaic_forward._online_softmax(
-            s, m_i, l_i, 1.0, None, slack=slack
-        )
+        p, m, total, alpha, rescaled = softmax.online_softmax(s, m_i, l_i, 1.0, None, slack=slack)
         got[slack] = (m, total)
         if slack == 8.0:
             np.testing.assert_array_equal(rescaled, [False, False, True])
@@ -589,7 +588,7 @@ def _turn_order(consumers: int, steps: int, items: int, monkeypatch) -> list[tup
                 raise TimeoutError(f"consumer waits forever on named barrier {barrier}")
 
     def consumer(w):
-        pingpong = mosaic_forward.PingPong(object(), w, named=True, consumers=consumers)
+        pingpong = pipeline.PingPong(object(), w, named=True, consumers=consumers)
         try:
             for item in range(items):
                 pingpong.start()
@@ -602,7 +601,7 @@ def _turn_order(consumers: int, steps: int, items: int, monkeypatch) -> list[tup
         except TimeoutError as e:
             errors.append(e)
 
-    monkeypatch.setattr(mosaic_forward, "named_barrier", named_barrier)
+    monkeypatch.setattr(pipeline, "named_barrier", named_barrier)
     threads = [threading.Thread(target=consumer, args=(w,)) for w in range(consumers)]
     for t in threads:
         t.start()
@@ -682,12 +681,12 @@ def test_persistent_items_cover_every_item_once(snake):
     for num_items, num_ctas in [(8, 3), (9, 3), (10, 3), (11, 3), (2048, 132), (5, 5), (2, 3)]:
         walked = []
         for cta in range(num_ctas):
-            n = int(mosaic_forward.persistent_item_count(cta, num_items, num_ctas, snake=snake))
+            n = int(pipeline.persistent_item_count(cta, num_items, num_ctas, snake=snake))
             walked += [
-                int(mosaic_forward.persistent_item(cta, i, num_ctas, snake=snake)) for i in range(n)
+                int(pipeline.persistent_item(cta, i, num_ctas, snake=snake)) for i in range(n)
             ]
         assert sorted(walked) == list(range(num_items)), (num_items, num_ctas)
-    assert int(mosaic_forward.persistent_item(0, 1, 132, snake=snake)) == (263 if snake else 132)
+    assert int(pipeline.persistent_item(0, 1, 132, snake=snake)) == (263 if snake else 132)
 
 
 def test_config_validation():
@@ -1006,7 +1005,7 @@ def test_api_default_follows_the_call(monkeypatch):
 GPU_CASES = [
     c
     for c in CASES
-    if mosaic_forward.unsupported(
+    if support.unsupported(
         c.dtype,
         c.head_dim,
         _spec(c),
@@ -1289,7 +1288,7 @@ def test_none_picks_mosaic_on_hopper_where_it_serves(monkeypatch, hopper, dtype,
     real = api._choose_backend
     monkeypatch.setattr(api, "_platform", lambda: "gpu")
     monkeypatch.setattr(
-        api.mosaic_forward,
+        api.mosaic_support,
         "device_unsupported",
         lambda: None if hopper else "wgmma needs compute capability 9.0, not 8.0",
     )

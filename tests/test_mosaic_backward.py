@@ -24,16 +24,15 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_flash import masks, reference
 from pallas_flash.logits import Logits
 from pallas_flash.mosaic import backward as mosaic_backward
-from pallas_flash.mosaic.config import (
-    SMEM_BYTES,
+from pallas_flash.mosaic import pipeline
+from pallas_flash.mosaic.bwd_config import (
     MosaicBwdConfig,
-    MosaicConfig,
     default_mosaic_bwd_config,
     fused_full_bwd_config,
     fused_mosaic_bwd_config,
-    padded_head_dim,
     pair_mosaic_bwd_config,
 )
+from pallas_flash.mosaic.config import SMEM_BYTES, MosaicConfig, padded_head_dim
 from tests import test_mosaic
 from tests.cases import Case, packed, seed_of, tolerance_check
 
@@ -681,7 +680,7 @@ def _order_ranges(spec, segments, S: int):
             q_seg = np.pad(q_seg, [(0, 0), (0, tiles * bq - T)], mode="edge")
             kv_seg = np.pad(kv_seg, [(0, 0), (0, spans * keys - S)], mode="edge")
         seg = masks.segment_tile_ranges(jnp.asarray(q_seg), jnp.asarray(kv_seg), bq, keys)[1]
-        ranges = mosaic_backward.intersect_tables(ranges, seg)
+        ranges = pipeline.intersect_tables(ranges, seg)
     return ranges, tiles
 
 

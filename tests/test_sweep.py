@@ -11,7 +11,8 @@ import pytest
 from benchmarks import render, sweep
 from pallas_flash import configs
 from pallas_flash.mosaic import backward as mosaic_backward
-from pallas_flash.mosaic.config import SMEM_BYTES, fused_mosaic_bwd_config
+from pallas_flash.mosaic.bwd_config import fused_mosaic_bwd_config
+from pallas_flash.mosaic.config import SMEM_BYTES
 
 KEYS = {
     "run_id",

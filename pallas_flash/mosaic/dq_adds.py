@@ -67,8 +67,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_flash.mosaic.config import FUSED_SIDE_REGISTERS, MosaicBwdConfig
-from pallas_flash.mosaic.forward import swizzled
+from pallas_flash.mosaic.bwd_config import MosaicBwdConfig
+from pallas_flash.mosaic.config import FUSED_SIDE_REGISTERS
+from pallas_flash.mosaic.pipeline import swizzled
 
 SLOTS = 2  # dQ shares in flight per consumer (dS^T tiles: one); chained_share: one
 

@@ -55,559 +55,41 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.mosaic import gpu as mgpu
-from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import arith, nvvm, vector
 
 from pallas_flash import masks
 from pallas_flash.logits import LN2, LOG2E, Logits
 from pallas_flash.mosaic.config import (
     CONSUMER_REGISTERS,
     NAMED_FREE,
-    NAMED_TURNS,
-    NUM_CONSUMERS,
     PRODUCER_REGISTERS,
     SMEM_BYTES,
-    SWIZZLE,
     THREE_CONSUMER_REGISTERS,
     THREE_PRODUCER_REGISTERS,
-    WARPGROUP_THREADS,
     MosaicConfig,
     padded_head_dim,
 )
-
-_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-
-
-def unsupported(
-    dtype,
-    head_dim: int,
-    spec: masks.MaskSpec,
-    *,
-    segments: bool = False,
-    dropout: bool = False,
-    bias: bool = False,
-    mask: bool = False,
-    softcap: bool = False,
-) -> str | None:
-    """Why this kernel cannot serve a call with these static facts, or None if it can."""
-    if jnp.dtype(dtype) not in _DTYPES:
-        return f"the Mosaic kernel takes bfloat16 or float16, not {jnp.dtype(dtype)}"
-    if head_dim > 256:
-        return f"the Mosaic kernel takes head dims up to 256, not {head_dim}"
-    lacks = [
-        name
-        for name, present in (
-            ("dropout", dropout),
-            ("bias", bias),
-            ("mask", mask),
-            ("logits_soft_cap", softcap),
-            ("block_sparse", spec.block_sparse),
-        )
-        if present
-    ]
-    if lacks:
-        return f"{', '.join(lacks)} not supported by the Mosaic kernel yet"
-    return None
-
-
-def intersect_tables(a, b):
-    """Two [B, n_tiles, 4] interval tables, intersected tile by tile (masks.intersect)."""
-    parts = masks.intersect(tuple(a[..., c] for c in range(4)), tuple(b[..., c] for c in range(4)))
-    return jnp.stack(parts, axis=-1).astype(jnp.int32)
-
-
-def device_unsupported() -> str | None:
-    """Why the compiled kernel cannot run on this machine's first device, or None."""
-    if jax.default_backend() != "gpu":
-        return f"the Mosaic kernel needs a Hopper GPU, not {jax.default_backend()}"
-    cc = getattr(jax.devices()[0], "compute_capability", None)
-    if cc != "9.0":
-        return f"the Mosaic kernel uses wgmma, which needs compute capability 9.0, not {cc}"
-    return None
-
-
-# exp2_poly: 2^f on [-0.5, 0.5] by a cubic, fitted for the least largest relative error
-# (7.5e-5 exactly, below 8e-5 evaluated in float32; bfloat16's half ulp, P's rounding for
-# P V, is 2^-9 = 2.0e-3), and
-# 1.5 * 2^23 + 127, whose float32 sum with x in [-127, 128] rounds x to the nearest integer
-# j and holds j + 127, 2^j's biased exponent, in its low mantissa bits.
-_EXP2_POLY = (0.9999275803565979, 0.6932610869407654, 0.24261736869812012, 0.055174168199300766)
-_EXP2_ROUND = 12582912.0 + 127.0
-
-
-def _ptx_f32(v: float) -> str:  # a float32 constant as PTX spells it
-    return f"0f{int(np.float32(v).view(np.uint32)):08X}"
-
-
-# The same arithmetic for one float32 register, as PTX: written out so that no compiler
-# folds the rounding's (x + R) - R back into x, as XLA does with the jnp form.
-_EXP2_POLY_PTX = (
-    "{ .reg .f32 x, t, f, p; .reg .b32 e;\n"
-    f"max.NaN.f32 x, $1, {_ptx_f32(-127.0)};\n"
-    f"add.rn.f32 t, x, {_ptx_f32(_EXP2_ROUND)};\n"
-    f"sub.rn.f32 f, t, {_ptx_f32(_EXP2_ROUND)};\n"
-    "sub.rn.f32 f, x, f;\n"
-    f"fma.rn.f32 p, f, {_ptx_f32(_EXP2_POLY[3])}, {_ptx_f32(_EXP2_POLY[2])};\n"
-    f"fma.rn.f32 p, p, f, {_ptx_f32(_EXP2_POLY[1])};\n"
-    f"fma.rn.f32 p, p, f, {_ptx_f32(_EXP2_POLY[0])};\n"
-    "shl.b32 e, t, 23;\n"
-    "mul.rn.f32 $0, p, e; }"
+from pallas_flash.mosaic.pipeline import (
+    COL,
+    ROW,
+    NamedSlots,
+    PingPong,
+    drain_ring,
+    element_mask,
+    kv_tile_ranges,
+    pad_to,
+    pair_cluster,
+    persistent_item,
+    persistent_item_count,
+    release_slot,
+    sm_count,
+    stream_kv_tiles,
+    swizzled,
 )
-
-
-def exp2_poly(x, *, ptx: bool = False):
-    """2^x in float32 on the FMA and integer units, none of it on the SM's multi-function
-    unit (MUFU, 16 exp2 a clock per SM; FlashAttention-4's offload, Zadouri et al. 2025):
-    x = j + f with j = round(x), 2^f by a cubic (relative error below 8e-5), 2^j
-    from j + 127 shifted into a float's exponent. Nine operations (clamp, three adds,
-    three FMAs, shift, multiply). x < -126.5, -inf included, gives exactly 0 (2^j's
-    exponent field is then 0; ex2.approx.ftz flushes results below 2^-126 as well),
-    and NaN stays NaN (NaN * 2^j).
-
-    `ptx`: in a compiled kernel, `x` [rows, cols] in the wgmma layout, as inline PTX per
-    register (_EXP2_POLY_PTX); else jnp, with lax.round for the rounding (GPU interpret
-    mode, and tests)."""
-    if ptx:
-        layout = plgpu.Layout.WGMMA
-
-        @plgpu.inline_mgpu(
-            arg_types=(layout,),
-            return_type=plgpu.ShapeDtypeStruct(x.shape, jnp.float32, layout=layout),
-        )
-        def emit(_ctx, xs):
-            def one(v):  # one float32 register
-                return mgpu_utils.inline_ptx(_EXP2_POLY_PTX, v, result_types=xs.mlir_dtype)
-
-            return xs._pointwise(mgpu.FragmentedArray._lift_fast_instr(one))
-
-        return emit(x)
-    x = jnp.maximum(x, -127.0)
-    j = lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN)
-    f = x - j  # in [-0.5, 0.5]
-    c0, c1, c2, c3 = _EXP2_POLY
-    p = ((c3 * f + c2) * f + c1) * f + c0
-    scale = lax.bitcast_convert_type((j.astype(jnp.int32) + 127) << 23, jnp.float32)
-    return p * scale
-
-
-def warp_any(flags):
-    """Whether any row of the executing warp has its flag set ([rows] bool in the wgmma
-    row layout, each thread holding its rows'): a per-warp value, the same in the 32
-    threads of a warp (vote.sync.any), for a branch that whole warps take or skip."""
-
-    @plgpu.inline_mgpu(
-        arg_types=(_ROW,), return_type=plgpu.ShapeDtypeStruct((), jnp.bool_, plgpu.Layout.WG_SPLAT)
-    )
-    def vote(_ctx, rows):
-        bits = []
-        for reg in rows.registers.flat:  # this thread's rows, a vector of i1 or an i1 each
-            if isinstance(reg.type, ir.VectorType):
-                n = ir.VectorType(reg.type).shape[0]
-                bits += [
-                    vector.extract(reg, dynamic_position=[], static_position=[k]) for k in range(n)
-                ]
-            else:
-                bits.append(reg)
-        mine = functools.reduce(arith.ori, bits)
-        everyone = arith.constant(ir.IntegerType.get_signless(32), 0xFFFFFFFF)
-        return mgpu.FragmentedArray.splat(
-            nvvm.vote_sync(everyone, mine, "any"), (), is_signed=False
-        )
-
-    return vote(flags)
-
-
-def _online_softmax(s, m_i, l_i, c: float, keep, poly_cols: int = 0, ptx: bool = False, slack=None):
-    """One online-softmax step on raw scores `s` [block_q, block_kv] (float32).
-
-    `c` is scale * log2(e); `keep` is the element mask or None; the first `poly_cols`
-    columns' exp2 go through exp2_poly (MosaicConfig.poly_exp2_cols; `ptx`: compiled).
-    `slack` (MosaicConfig.rescale_slack): m_i is the max the rows are scaled by, raised
-    to the tile's max only where a row's grew by more than `slack` (compiled: all rows of
-    any warp that has such a row); else it stays, and p is at most 2^slack. Returns the
-    probabilities p (base 2, not normalised), the new m_i and l_i, alpha, which rescales
-    what was accumulated so far, and whether to rescale (None: always; a [rows] mask,
-    where alpha is 1 off it; or, compiled, the warp's flag).
-    """
-
-    def rows(x):  # [block_q] -> [block_q, block_kv]
-        return lax.broadcast_in_dim(x, s.shape, [0])
-
-    if c <= 0:  # max does not commute with a non-positive scale: scale first
-        s, c = s * c, 1.0
-    if keep is not None:
-        s = jnp.where(keep, s, -jnp.inf)
-    # With c > 0, max(s) * c = max(s * c), and s * c - m below is one FMA per element.
-    m_new = jnp.maximum(m_i, jnp.max(s, axis=1) * c)
-    rescaled = None
-    if slack is not None:
-        # -inf - -inf is NaN, so a row that has seen only masked keys has not grown; the
-        # first key it sees takes it from -inf, which has.
-        rescaled = m_new - m_i > slack
-        if ptx:
-            rescaled = warp_any(rescaled)
-            m_new = jnp.where(lax.broadcast_in_dim(rescaled, m_new.shape, ()), m_new, m_i)
-        else:
-            m_new = jnp.where(rescaled, m_new, m_i)
-    m_use = m_new
-    if keep is not None:
-        # A row that has seen only masked keys has max -inf; subtracting it would give
-        # exp2(-inf + inf) = NaN. Use 0 instead: its p and alpha are then 0.
-        m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-    alpha = jnp.exp2(m_i - m_use)
-    x = (s if c == 1.0 else s * c) - rows(m_use)  # [block_q, block_kv]
-    if poly_cols >= x.shape[1]:
-        p = exp2_poly(x, ptx=ptx)
-    elif poly_cols:  # (slices and concatenation of the tile only rename its registers)
-        head = exp2_poly(x[:, :poly_cols], ptx=ptx)
-        p = jnp.concatenate([head, jnp.exp2(x[:, poly_cols:])], axis=1)
-    else:
-        p = jnp.exp2(x)
-    l_i = l_i * alpha + jnp.sum(p, axis=1)
-    return p, m_new, l_i, alpha, rescaled
-
-
-def stream_kv_tiles(
-    refs,
-    smem,
-    barriers,
-    *,
-    b,
-    kv_head,
-    lo,
-    hi,
-    block_kv: int,
-    base=0,
-    drain: bool = True,
-    multicast: bool = False,
-):
-    """The producer warpgroup of the forward and dQ kernels: key/value tiles lo .. hi - 1
-    of (b, kv_head) into a ring of shared-memory slots by TMA, each with its key ids when
-    the call has segment ids, then (`drain`) a wait for the consumers to release the
-    last ones. Returns the ring position after these tiles.
-
-    `refs` (K, V, key ids or None) in HBM, `smem` their rings, `barriers` (k_ready,
-    v_ready, k_free, v_free) per slot. `base`: tiles this CTA streamed before (a
-    persistent kernel's earlier work items); tile j goes to ring position
-    base + j - lo, slot (base + j - lo) % stages. `multicast`: the CTA is one of a
-    cluster of two walking the same tiles (`MosaicConfig.kv_multicast`): each K and V
-    copy lands in both CTAs' slots, each CTA's TMA loading half of it, and the free
-    barriers are cluster barriers that both CTAs' consumers arrive on.
-    """
-    cluster = "cluster" if multicast else None
-    k_ref, v_ref, kv_seg_ref = refs
-    k_smem, v_smem, kv_seg_smem = smem
-    k_ready, v_ready, k_free, v_free = barriers
-    stages = k_smem.shape[0]
-
-    def load(j, _):
-        pos = base + j - lo
-        slot = lax.rem(pos, jnp.int32(stages))
-        rows = pl.ds(j * block_kv, block_kv)
-        # The slot held the tile of position pos - stages: overwrite it once every
-        # consumer is done.
-        reuse = pos >= stages
-
-        @pl.when(reuse)
-        def _():
-            await_free_slot(k_free, slot)
-
-        plgpu.copy_gmem_to_smem(
-            k_ref.at[b, rows, kv_head], k_smem.at[slot], k_ready.at[slot], collective_axes=cluster
-        )
-        if kv_seg_ref is not None:  # the tile's key segment ids travel with K
-            plgpu.copy_gmem_to_smem(kv_seg_ref.at[b, rows], kv_seg_smem.at[slot], k_ready.at[slot])
-
-        @pl.when(reuse)
-        def _():
-            await_free_slot(v_free, slot)
-
-        plgpu.copy_gmem_to_smem(
-            v_ref.at[b, rows, kv_head], v_smem.at[slot], v_ready.at[slot], collective_axes=cluster
-        )
-
-    lax.fori_loop(lo, hi, load, None)
-    end = base + jnp.maximum(hi - lo, 0)
-    if drain:
-        drain_ring((k_free, v_free), end, stages)
-    return end
-
-
-def swizzled(itemsize: int, swizzle: int = SWIZZLE) -> tuple:
-    """The shared-memory transforms of a wgmma operand (or a TMA'd float32 tile) of
-    `itemsize`-byte elements: 8-row tiles one swizzle span wide, swizzled."""
-    return plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle)
-
-
-def pair_cluster(multicast: bool):
-    """(the slots' free-barrier type, `plgpu.kernel`'s cluster arguments) of a kernel whose
-    CTAs run in clusters of two that load each streamed tile once for both by TMA
-    multicast (`multicast`; the cluster axis is "cluster"), or of one whose CTAs run
-    alone. In a cluster a slot's free barrier counts the consumers of both CTAs, so that
-    neither producer refills a slot the other CTA still reads."""
-    if not multicast:
-        return plgpu.Barrier, {}
-    free = functools.partial(plgpu.ClusterBarrier, collective_axes=("cluster",))
-    return free, dict(cluster=(2,), cluster_names=("cluster",))
-
-
-def kv_tile_ranges(spec: masks.MaskSpec, q_len, kv_len, segments, t_pad: int, rows: int, bk: int):
-    """[B, t_pad // rows, 4] int32: the key tiles of `bk` keys (lo, full_lo, full_hi, hi)
-    that each span of `rows` query rows walks, from the mask and lengths and, with
-    `segments` (int32 query and key ids, or None), narrowed to the documents they meet.
-    The forward's and the dQ kernel's walk, per CTA or (multicast) per cluster."""
-    ranges = masks.tile_range_table(
-        masks.kv_tile_range, spec, q_len, kv_len, t_pad // rows, rows, bk, rows
-    )
-    if segments is None:
-        return ranges
-    q_seg, kv_seg = segments
-    return intersect_tables(ranges, masks.segment_tile_ranges(q_seg, kv_seg, rows, bk)[0])
-
-
-def drain_ring(free, end, stages: int):
-    """Waits for the consumers to release the ring's last tiles (positions up to `end`):
-    the shared memory must not be released under them, and a barrier should end with
-    every phase seen (GPU interpret mode checks this at deallocation)."""
-
-    def wait(pos, _):
-        slot = lax.rem(pos, jnp.int32(stages))
-        for barrier in free:
-            await_free_slot(barrier, slot)
-
-    lax.fori_loop(jnp.maximum(0, end - stages), end, wait, None)
-
-
-class PingPong:
-    """FA3's ping-pong of two consumer warpgroups over a `turns` barrier (two arrivals),
-    for steps of one shape: products, elementwise work (the softmax), more products. A
-    consumer meets the other after issuing a step's first products (`meet`: ours are
-    issued, the other may issue its own), arrives when its elementwise work is done
-    (`elementwise_done`) and waits for its turn before the next products (`my_turn`);
-    consumer 1 meets once before the first step (`start`) and consumer 0 once after the
-    last (`end`), so that one's elementwise work runs beside the other's matmuls. Both
-    must walk the same number of steps, so that neither waits forever. `turns` None (no
-    ping-pong): every call is a no-op.
-
-    The meet also waits for the other's previous elementwise work, so the two softmaxes
-    never overlap. FA3's and tokamax's one-way hand-over (one arrive after issuing, one
-    wait before the next products) avoids that; built here as an option at ac9dc15 and
-    timed at 41958b0, it ran 0.96-1.00x this rendezvous at head dim 128 (README), so it
-    was removed.
-
-    `named` (MosaicConfig.named_turns): the one-way hand-over again, on the SM's
-    hardware named barriers rather than a shared-memory mbarrier (tokamax's form):
-    barrier NAMED_TURNS + w is consumer w's turn. A consumer arrives on the other's
-    after issuing its first products (`meet`) and syncs on its own before the next
-    (`my_turn`), 128 threads each, so a turn needs the other's products issued; consumer
-    1 syncs once before the first step, and consumer 0 syncs on consumer 1's barrier
-    after the last, which completes with consumer 1's last turn. Within a work item
-    neither can arrive twice on one barrier before the other syncs (its next arrival
-    follows its own next sync, which needs the other's arrival after that sync); the
-    sync at the end keeps it so across a persistent CTA's items, where an arrival there
-    could meet the next item's first before consumer 1 took its last turn.
-
-    Three consumers (MosaicConfig.consumers=3, named turns only): the turns go round,
-    consumer w arriving on consumer w + 1's barrier (mod 3) after issuing its products;
-    consumers 1 and 2 sync once before their first step, and after their last consumers
-    0 and 1 sync on the next one's barrier, taking up its last turn as consumer 0 does
-    with two. Per work item each barrier of consumer w >= 1 then completes once per
-    step plus once: its start sync with the first arrival, each later arrival with the
-    sync before the next step, and the last sync with the end sync.
-    """
-
-    def __init__(self, turns, wg, named: bool = False, consumers: int = NUM_CONSUMERS):
-        self.turns, self.wg = turns, wg  # wg: the consumer's index, static or traced
-        self.named = named and turns is not None
-        self.consumers = consumers
-        if consumers != 2 and turns is not None and not named:
-            raise ValueError("the mbarrier ping-pong is a rendezvous of two consumers")
-
-    def _next(self):  # the barrier of the consumer whose turn follows ours
-        if self.consumers == 2:
-            return NAMED_TURNS + 1 - self.wg
-        if isinstance(self.wg, int):
-            return NAMED_TURNS + (self.wg + 1) % self.consumers
-        return NAMED_TURNS + lax.rem(self.wg + 1, self.consumers)
-
-    def meet(self):
-        if self.named:
-            named_barrier("arrive", self._next(), 2 * WARPGROUP_THREADS)
-        elif self.turns is not None:
-            plgpu.barrier_arrive(self.turns)
-            plgpu.barrier_wait(self.turns)
-
-    def elementwise_done(self):
-        if self.turns is not None and not self.named:
-            plgpu.barrier_arrive(self.turns)
-
-    def my_turn(self):
-        if self.named:
-            named_barrier("sync", NAMED_TURNS + self.wg, 2 * WARPGROUP_THREADS)
-        elif self.turns is not None:
-            plgpu.barrier_wait(self.turns)
-
-    def start(self):  # before the first step: consumer 1's first turn (and 2's)
-        if self.consumers == 2:
-            self._on(1, self.my_turn if self.named else self.meet)
-        else:
-            self._if(lambda wg: wg != 0, self.my_turn)
-
-    def end(self):  # after the last: consumer 0 waits out consumer 1's last turn
-        if self.consumers != 2:  # (and consumer 1 consumer 2's)
-            last = self.consumers - 1
-            sync_next = lambda: named_barrier("sync", self._next(), 2 * WARPGROUP_THREADS)  # noqa: E731
-            self._if(lambda wg: wg != last, sync_next)
-        elif self.named:
-            self._on(0, lambda: named_barrier("sync", NAMED_TURNS + 1, 2 * WARPGROUP_THREADS))
-        else:
-            self._on(0, self.meet)
-
-    def _on(self, wg: int, fn):  # fn() if this is consumer `wg`
-        self._if(lambda w: w == wg, fn)
-
-    def _if(self, pred, fn):  # fn() if pred(this consumer's index), with a ping-pong
-        if self.turns is None:
-            return
-        if isinstance(self.wg, int):
-            if pred(self.wg):
-                fn()
-        else:
-            pl.when(pred(self.wg))(fn)
-
-
-def named_barrier(op: str, barrier, threads: int) -> None:
-    """`bar.arrive` or `bar.sync` (op) of the executing warpgroup on hardware named barrier
-    `barrier` (an int or a traced int32, the same in every thread), which completes when
-    `threads` threads have arrived or synced. No shared memory: the SM counts them."""
-
-    @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WG_SPLAT,))
-    def emit(_ctx, barrier_id):
-        mgpu_utils.inline_ptx(
-            f"bar.{op} $0, {threads};", barrier_id.registers[()], has_side_effects=True
-        )
-
-    emit(jnp.asarray(barrier, jnp.int32))
-
-
-@dataclasses.dataclass(frozen=True)
-class NamedSlots:
-    """A ring's slot releases on hardware named barriers (MosaicConfig.named_releases):
-    slot s's is barrier `first + s`. Both consumers arrive when done with a slot and the
-    producer warpgroup syncs before refilling it, so each completes at 384 threads, in
-    the SM's barrier unit rather than by 256 atomics on a shared-memory mbarrier. The
-    producer syncs once per refill and once per slot at the end (drain_ring), so every
-    release is taken."""
-
-    first: int
-
-    def release(self, slot):
-        named_barrier("arrive", self.first + slot, (NUM_CONSUMERS + 1) * WARPGROUP_THREADS)
-
-    def await_free(self, slot):
-        named_barrier("sync", self.first + slot, (NUM_CONSUMERS + 1) * WARPGROUP_THREADS)
-
-
-def release_slot(free, slot) -> None:
-    """A consumer is done with ring slot `slot`: `free` is the ring's free barriers (an
-    mbarrier array, or NamedSlots)."""
-    if isinstance(free, NamedSlots):
-        free.release(slot)
-    else:
-        plgpu.barrier_arrive(free.at[slot])
-
-
-def await_free_slot(free, slot) -> None:
-    """The producer waits until every consumer released ring slot `slot`."""
-    if isinstance(free, NamedSlots):
-        free.await_free(slot)
-    else:
-        plgpu.barrier_wait(free.at[slot])
-
-
-def persistent_item(cta, i, num_ctas: int, *, snake: bool):
-    """The persistent grid's item index of CTA `cta`'s work item `i` (traced or not).
-    Round i hands items [i * num_ctas, (i + 1) * num_ctas) out one per CTA; with `snake`
-    (causal) the rounds alternate direction, so that the CTA given a round's longest
-    item is given the next round's shortest. Causal items shrink along the order (the
-    bottom query tiles first), and handed out the same way every round the first CTAs
-    would get the longest item of every round: at 8k, 2048 items on 132 SMs, about 6 %
-    more work than the mean, while the other CTAs wait at the end."""
-    if snake:
-        cta = jnp.where(i % 2 == 0, cta, num_ctas - 1 - cta)
-    return cta + i * num_ctas
-
-
-def persistent_item_count(cta, num_items: int, num_ctas: int, *, snake: bool):
-    """How many items CTA `cta` walks: one per whole round, and one more if the partial
-    last round's item for it exists."""
-    rounds = num_items // num_ctas
-    last = persistent_item(cta, rounds, num_ctas, snake=snake)
-    return jnp.where(last < num_items, rounds + 1, rounds).astype(jnp.int32)
-
-
-_ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per row of a wgmma accumulator
-_COL = plgpu.Layout.WGMMA.reduce(0)  # one value per column
-
-
-def bound_mask(spec: masks.MaskSpec, queries, keys, first_key, kv_len, diag, query_dim: int):
-    """A boundary tile's element mask from each query's key bounds (the configs'
-    `row_bound_mask`): `queries` [n] are the tile's absolute query positions, `keys` its
-    key iota counted from the absolute key `first_key`, with the queries along
-    `query_dim`. Equal to `masks.tile_mask` without segment ids (tests/test_masks.py),
-    but with one compare per element (two with a window's start), the bounds worked out
-    once per query. Only where a bound depends on the query (`masks.has_row_bounds`):
-    without one, `tile_mask` has the key-length compare alone, and for this form
-    Mosaic GPU's layout inference found no solution (on the H200 and lowered on CPU)."""
-    lo, hi = masks.row_bounds(spec, queries, kv_len, diag)
-
-    def per_query(bound):  # [n] -> keys.shape, relative to the tile's first key
-        bound = bound - first_key
-        if jnp.ndim(bound) == 0:  # the key length alone (a window without an end)
-            return bound
-        return lax.broadcast_in_dim(bound, keys.shape, [query_dim])
-
-    keep = keys < per_query(hi)
-    if lo is not None:
-        keep = keep & (keys >= per_query(lo))
-    return keep
-
-
-def element_mask(
-    spec: masks.MaskSpec,
-    row_bound: bool,
-    first_query,
-    keys,
-    first_key,
-    kv_len,
-    diag,
-    query_dim: int,
-    segs=None,
-):
-    """A boundary tile's element mask, for the forward and both backward kernels: the
-    queries run along `query_dim` from the absolute position `first_query`, `keys` is
-    the tile's key iota (wgmma layout) counted from the absolute key `first_key`, and
-    `segs` is None or the (query ids, key ids) pair broadcast to the tile. With
-    `row_bound` (the configs' `row_bound_mask`) and a bound that depends on the query,
-    `bound_mask`'s one or two compares per element; otherwise `masks.tile_mask`."""
-    shape = keys.shape
-    if row_bound and masks.has_row_bounds(spec):
-        layout = _ROW if query_dim == 0 else _COL
-        queries = first_query + plgpu.broadcasted_iota(
-            jnp.int32, (shape[query_dim],), 0, layout=layout
-        )
-        keep = bound_mask(spec, queries, keys, first_key, kv_len, diag, query_dim)
-        return keep if segs is None else keep & (segs[0] == segs[1])
-    queries = first_query + plgpu.broadcasted_iota(
-        jnp.int32, shape, query_dim, layout=plgpu.Layout.WGMMA
-    )
-    return masks.tile_mask(spec, queries, first_key + keys, kv_len, diag, segs)
+from pallas_flash.mosaic.softmax import online_softmax
+from pallas_flash.mosaic.support import unsupported
 
 
 def _kernel(
@@ -761,7 +243,7 @@ def _kernel(
             c = scale * LOG2E  # base-2 scores: log2(e) folded into the scale
             # The softmax's options; compiled, exp2_poly and the warp vote as PTX.
             softmax = functools.partial(
-                _online_softmax,
+                online_softmax,
                 poly_cols=config.poly_exp2_cols,
                 ptx=compiled,
                 slack=config.rescale_slack,
@@ -783,7 +265,7 @@ def _kernel(
                     segs = (
                         lax.broadcast_in_dim(q_segs, shape, [0]),
                         lax.broadcast_in_dim(
-                            plgpu.load(kv_seg_smem.at[slot], layout=_COL), shape, [1]
+                            plgpu.load(kv_seg_smem.at[slot], layout=COL), shape, [1]
                         ),
                     )
                 release_slot(k_free, slot)
@@ -994,7 +476,7 @@ def _kernel(
                 )
             q_segs = None
             if q_seg_ref is not None:
-                q_segs = plgpu.load(q_seg_smem.at[wg], layout=_ROW)  # [block_q]
+                q_segs = plgpu.load(q_seg_smem.at[wg], layout=ROW)  # [block_q]
             if config.early_k_wait:  # the first tile's K; each later one is awaited a step early
                 pl.when(hi > lo)(lambda: plgpu.barrier_wait(k_ready.at[slot_of(lo)]))
             # Consumer 1 takes one turn ahead and consumer 0 one after the loop, so that one
@@ -1062,19 +544,6 @@ def _kernel(
 
 # Persistent CTAs in GPU interpret mode: few, so that each walks several work items.
 _PERSISTENT_CTAS = 3
-
-
-def sm_count() -> int:
-    """Streaming multiprocessors of the first device (132 on an H100 SXM or an H200)."""
-    return getattr(jax.devices()[0], "core_count", None) or 132
-
-
-def _pad(x, seq: int, head_dim: int):
-    """Zero-pads [B, L, heads, H] to [B, seq, heads, head_dim] (no copy when whole)."""
-    _, length, _, h = x.shape
-    if (length, h) == (seq, head_dim):
-        return x
-    return jnp.pad(x, [(0, 0), (0, seq - length), (0, 0), (0, head_dim - h)])
 
 
 def forward(
@@ -1157,7 +626,7 @@ def forward(
     t_pad = -(-T // range_rows) * range_rows
     s_pad = -(-S // config.block_kv) * config.block_kv
     num_q_tiles = t_pad // rows
-    q, k, v = _pad(q, t_pad, hp), _pad(k, s_pad, hp), _pad(v, s_pad, hp)
+    q, k, v = pad_to(q, t_pad, hp), pad_to(k, s_pad, hp), pad_to(v, s_pad, hp)
     if segments is not None:
         segments = tuple(x.astype(jnp.int32) for x in segments)
     ranges = kv_tile_ranges(spec, q_len, kv_len, segments, t_pad, range_rows, config.block_kv)

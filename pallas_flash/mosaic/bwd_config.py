@@ -1,0 +1,638 @@
+"""Tile and pipeline configs of the Mosaic GPU (Hopper) backward kernels, with their
+evidence (the forward's: mosaic/config.py).
+
+Backward default table (`MosaicBwdConfig`; one CTA has `consumers` compute warpgroups
+and a TMA producer; shared memory from `smem_bytes_*`, operands in registers):
+
+| head dim | dK/dV: key tiles, rows per Q tile, stages | dQ: query tiles, K/V tile keys, stages    |
+|----------|-------------------------------------------|-------------------------------------------|
+| 64       | 2 x 64, 128, 3: 137,304 (bound)           | 2 x 64, 128, 2: 102,480 (bound)           |
+| 128      | 2 x 64, 64, 2: 133,176 bytes              | 2 x 64, 64, 2: 133,200 bytes              |
+| 128, not causal | fused: 2 x 64, 64, 2: 217,208 (bound) | none: the fused kernel adds dQ itself  |
+| 192      | 1 x 64 (split, P^T handed over), 64, 2: 165,968 | 1 x 64, 64, 2: 149,576 bytes |
+| 256      | 1 x 64 (split, P^T handed over), 64, 2: 215,120 | 1 x 64, 64, 2: 198,728 bytes |
+
+(Shared memory as Mosaic GPU's lowering reports it, operands in registers, with the
+hand-over's 16,400 bytes at 192 and 256 added by `smem_bytes_dkv`'s count; staged
+through shared memory, each kernel adds warpgroups x 64 x 64 x 2 bytes, and at 192 and
+256 the staged dK/dV kernel keeps the split without the hand-over, whose 16 KiB float32
+P^T tile would not fit beside the staging tiles at 256.)
+
+Evidence: at head dim 64, the backward sweep of 12-01 (B=2, T=S=8k; its file was lost
+with the device's output) found 128-row Q tiles through three slots in the dK/dV kernel
+at 374 / 357 TFLOP/s (full / causal) against 349 / 342 for the old 64-row, two-slot
+default; side by side in one process at 06da646
+(`results/mosaic-e5ca198/fa-mosaic-bwd64-ab-06da646.jsonl`, impl
+`pallas_flash:mosaic/block_q_dkv=64/num_stages_dkv=2` for the old one) it ran 1.05x /
+1.08x non-causal at 2k / 16k and 1.02x / 1.06x causal. The same sweep at head dim 128
+found nothing beyond noise (at most 1.02x). Otherwise the defaults only (H200, head dim
+128, non-causal: backward 417-470 TFLOP/s from seq 2k, 0.87-0.94x cuDNN in the same run,
+`fa-mosaic-fa74dc8.jsonl`); chosen by register and shared-memory arithmetic. A dK/dV
+warpgroup holds two float32 accumulators of block_kv x head dim (2 * 64 * 128 / 128
+threads = 128 registers at head dim 128) plus S^T and dP^T
+(block_kv x block_q, 32 registers each at 64 x 64); at head dim 192 and 256 the two
+accumulators would need 192 and 256 registers, so there the two warpgroups share one
+key tile and split the work, one accumulating dV and the other dK (FA3 splits the head
+dim between warpgroups instead and trades P and dS through shared memory). The dK
+warpgroup of the split needed P^T as well and recomputed it (S^T = K Q^T and the exp2:
+five matmuls a step where four are needed); since 79c9063 the dV warpgroup hands its
+float32 P^T over through shared memory (`share_probs`; the same bits, since it was the
+same wgmma on the same tiles). Beside the split in one process
+(`results/mosaic-e928813/fa-mosaic-256-share-probs.jsonl`; bf16, B x T = 16k, head dim
+256) its backward ran 368.7 / 384.7 TFLOP/s against 322.4 / 328.5 non-causal at 4k /
+16k and 341.8 / 386.8 against 296.4 / 332.5 causal (1.14-1.17x; cuDNN 353.8 / 356.0
+and 329.1 / 376.3). Head dim 192 takes it untimed, having the same split. dQ at head
+dim 256 keeps Q and dO of two warpgroups (128 KiB) plus a two-stage K/V ring (128 KiB)
+over the 227 KiB budget, hence one warpgroup there.
+
+The fused backward (`fused=True`: one kernel, five matmuls, dQ added in a fixed order by
+mosaic/dq_adds.py) is the default at padded head dim 128 when the call is not causal, in
+FA3's order with its share in column halves and two writer warps (BWD_FUSED_FULL below
+has the evidence: 1.02-1.05x the pair from 2k); causal calls and the other head dims keep
+the pair. First compiled (77b90a9) it ran 0.64-0.69x the pair (head dim 128,
+non-causal, seq 512-4k, `fa-mosaic-fused-77b90a9.jsonl`). It adds to the
+dK/dV kernel one dS^T buffer (consumers x block_kv x block_q, 16 KiB at 2 x 64 x 64) and
+two float32 dQ-share slots (2 x block_q x head dim x 4, 64 KiB at 64 x 128): at head
+dim 128, 2 x 64-key tiles and 64-row query tiles with a two-stage ring, 217,208 bytes
+by `smem_bytes_dkv` of the 232,448 (a second dS^T buffer would need 233,592). Each
+consumer then holds dK, dV (128 registers at head dim 128) and a 64 x 64 share slice
+(32) beside S^T and dP^T (32 each). At head dim 64 the share's 32-column halves would
+cut the 128-byte swizzle, so there the consumers split its rows, which needs 128-row
+query tiles (`block_q_dkv=128`). Above 128 the accumulators do not fit beside a share.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pallas_flash.mosaic.config import (
+    MOSAIC_OVERHEAD,
+    padded_head_dim,
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MosaicBwdConfig:
+    """Backward kernels (mosaic/backward.py): dK/dV over key tiles, then dQ over query tiles.
+
+    dK/dV: one CTA per (key/value head, key span, batch); `consumers_dkv` warpgroups each
+    own `block_kv_dkv` keys (K, V resident in shared memory), or with `split_dkv` share
+    one key tile, warpgroup 0 accumulating dV and warpgroup 1 dK; a producer streams
+    the group's query heads' Q, dO, lse and D tiles of `block_q_dkv` rows through
+    `num_stages_dkv` slots.
+    dQ: one CTA per (query head, rows, batch); `consumers_dq` warpgroups each own
+    `block_q_dq` query rows; a producer streams K and V tiles of `block_kv_dq` keys
+    through `num_stages_dq` slots.
+    operands_in_registers: P^T, dS^T and dS enter their wgmma from registers, in place
+      on the accumulators (FA3's choice); False stages them through shared memory into
+      fresh accumulators, the only form GPU interpret mode can run.
+    fused: one kernel, no dQ kernel (FA3's five matmuls where the pair does seven): the
+      dK/dV kernel also computes each query tile's dQ share dS K and adds it to a
+      float32 dQ in a fixed order (a semaphore per query tile); the dQ fields are then
+      unused. Each consumer computes its slice of the share (head-dim columns, or rows
+      when the columns would be narrower than 64) over the CTA's keys. Off by default:
+      on the H200 it is exact and bitwise deterministic, but 0.64-0.69x the pair's speed.
+    fa3_order: fused, operands in registers: each step in FlashAttention-3's order
+      (dkdv_kernel.fa3_step): the exp2 runs beside dP^T's wgmma, dS^T is stored and
+      exchanged while dV's runs, the dQ share and dK queue behind it and the share is
+      handed over while dK's runs; otherwise every group of wgmmas is awaited before the
+      next work starts (about half the pair's matmul throughput on the H200, README).
+      Not yet measured, so off.
+    row_bound_mask: boundary tiles mask from each query's key bounds against the key
+      iota (pipeline.bound_mask), as `MosaicConfig.row_bound_mask` does in the forward,
+      in both kernels (and the fused one). Beside the default in one process
+      (`results/mosaic-5a15452/fa-mosaic-*-true-rowbound-bwd*.jsonl`; causal, bf16,
+      B x T = 16k; fwd+bwd, since the bench's backward is a difference of two
+      timings): head dim 64 1.04x and 1.02x at 2k in two runs (305.4 / 294.9, 304.9 /
+      297.9 TFLOP/s), 1.00x / 1.00x at 4k; head dim 128 0.96x and 1.03x at 2k, 1.01x
+      at 4k. Its dK/dV kernel spills 36 bytes where the default spills 80
+      (`ptxas-row-bound.jsonl`). Compiled, 13 of the case table's 30 rows gave the
+      default's bits before the call's time ran out (none differed; the other 17 are
+      untested compiled: `mosaic-tests-*row-bound*.log`); at 67e6e1c 28 of the 30 (all
+      but two head-dim-256 rows), and at 47a46be those two as well (30 of 30,
+      `results/mosaic-47a46be/`). Off in the field, on in the default rows at head dims
+      64 and 128 (`BWD_ROW_BOUND`). With step_descriptors, the fused kernel in FA3's
+      order spills 280 bytes with it, 736 without (`results/mosaic-67e6e1c/`).
+    step_descriptors: the dK/dV (and fused) kernel addresses the buffers that stay in
+      place across its loop (the resident K and V tiles, the fused kernel's dS^T tiles)
+      through an index offset that is 0 but opaque to the compiler (backward.
+      step_operands), so that each step rebuilds their wgmma descriptors (a 64-bit add
+      each) rather than the compiler building them all before the loop and holding
+      them: at 9f95796 the fused kernel spilled them, 10-18 stack reloads bound for
+      R2UR in every step (README, "The fused kernel's own SASS"). Lowered on CPU with
+      MLIR's loop-invariant code motion standing in for LLVM's (`python -m
+      benchmarks.lowered_ops --kernel backward --head-dim 128 --live-ins --base
+      fused=true fa3_order=true --set step_descriptors=true`), each fused step reads 32
+      64-bit values made before the loop, none with this on (the pair's dK/dV steps: 16,
+      none). Compiled at 7d3f60f (`results/mosaic-7d3f60f/`; head dim 128 causal):
+      the fused kernel in FA3's order spills 736 bytes where it spilled 1,276, and its
+      unmasked step (618 instructions) reads nothing from the stack where it read 36
+      values; its masked steps still reload 32-50 (the mask's iotas and bounds, which
+      the compiler also holds across the loop) and ptxas still serializes its wgmmas
+      (C7512). Timed beside the default (bf16, B x T = 16k, backward TFLOP/s), fused in
+      FA3's order: 351.3 -> 399.8 and 388.9 -> 433.1 at 2k / 8k non-causal (1.14x /
+      1.11x), 198.4 -> 232.7 and 228.2 -> 270.5 causal (1.17x / 1.19x); still below
+      the pair (410.2 / 457.0 non-causal), which it leaves where it was (1.00x / 1.01x
+      non-causal, 0.97x / 1.00x causal, though its dK/dV kernel spills 16 bytes where
+      it spilled 80). Compiled, the fused kernel's gradients are bitwise the same with
+      and without it on all 25 of its case-table rows (at 67e6e1c and 47a46be,
+      `results/mosaic-*/mosaic-tests-*step-desc*.log`). What the spills bought back
+      ptxas takes elsewhere: with it, every one of the fused kernel's 192 wgmmas is its
+      own group, awaited before the next is issued (C7512; `python -m benchmarks.ptxas
+      --read FILE.sass`, wgmma_groups). Without it they are too, but for one build: causal
+      with tile_mask, where they ran in 36 groups (9f95796, and again at b4a8ae2) and that
+      build was the slowest (`results/mosaic-b4a8ae2/tile-mask/`).
+    query_rows: fused: each step in FlashAttention-3's orientation, the queries on the
+      rows (dkdv_kernel.rows_step): S = Q K^T and dP = dO V^T rather than their transposes,
+      so that a thread holds 2 of the row statistics lse and D where a column's took 16
+      (32 registers in all); P and then dS pass through the consumer's dS tile in shared
+      memory into dV = P^T dO and dK = dS^T Q (no wgmma operand in registers, no staging
+      buffer), dS computed beside dV's wgmma; the dQ share reads dS in place. Meant to
+      take the consumers under the registers at which ptxas serializes every wgmma of
+      the S^T step (C7512, README). Checked in GPU interpret mode (the reference, no
+      data race); lowered for sm_90 on CPU; compiled on the H200 at c864512 it passes
+      its 25 reference rows but still serializes every wgmma (C7512, 624 bytes of
+      spills) and runs its backward at 0.59x / 0.58x the pair's (head dim 128 causal
+      2k / 8k, `results/mosaic-c864512/`), so off.
+    share_probs: split_dkv: the dV warpgroup hands its float32 P^T to the dK warpgroup
+      through shared memory (one tile, a barrier each way), so that the dK warpgroup
+      computes dP^T alone where it recomputed S^T = K Q^T and the exp2 as well: four
+      matmuls a step where the split did five. The dK warpgroup's P^T was the same
+      wgmma on the same tiles, so the gradients keep their bits.
+    split_dq: the dQ kernel's two warpgroups share one query tile of `block_q_dq` rows
+      instead of owning one each: warpgroup 0 computes S and P (and masks), warpgroup 1
+      dP and, from warpgroup 0's float32 P (through shared memory), dS, which it stores
+      for both; each then accumulates half of dQ's head-dim columns, dS K. The steps are
+      pipelined: each warpgroup issues the next tile's S (or dP) beside the last tile's
+      dS K, so that the tensor cores have work while the exp2 and dS run. For head dims
+      above 128, where two warpgroups' Q and dO tiles beside the K/V ring do not fit and
+      the dQ kernel otherwise runs one warpgroup, which overlaps nothing with its own
+      matmuls (head dims with whole 64-column halves: multiples of 128). Checked in GPU
+      interpret mode (the reference, no data race) and lowered for sm_90 on CPU.
+      Compiled at 19797c5 it passed the benchmark's check against the float32 reference
+      and its backward ran 372.0 TFLOP/s against the default's 374.0 at head dim 256
+      non-causal 8k (0.99x; `results/mosaic-19797c5/fa-mosaic-256-regs.jsonl`): the one
+      dQ warpgroup is not what head dim 256's backward waits on. Off; its compiled
+      tests have not run.
+    q_do_in_registers: the dQ kernel loads its query tile's Q and dO into registers once
+      and S = Q K^T and dP = dO V^T take them as the wgmma A operand from there: a wgmma
+      at N = 64 with both operands in shared memory reads 4 KiB per 32 tensor-core
+      cycles, all of an SM's 128 bytes a cycle; with A in registers half that. Costs
+      block_q_dq x head dim / 128 registers a thread (both tiles, 16-bit), so up to head
+      dim 128 with 64-row tiles. Not with split_dq or fused (no such dQ kernel). At
+      19797c5, with q_register_cols=64 in the forward, backward TFLOP/s at non-causal
+      8k (bf16, B x T = 16k) 373.8 / 462.6 against the default's 364.9 / 456.9 at head
+      dims 64 / 128 (1.02x / 1.01x; cuDNN 429.4 / 514.7); no spills. On in the default
+      rows of head dims 64-128 since 5173ae3 (BWD_Q_DO_IN_REGISTERS has the evidence).
+    k_v_in_registers: the same in the dK/dV kernel for its resident K and V (the A
+      operands of S^T = K Q^T and dP^T = V dO^T): block_kv_dkv x head dim / 128
+      registers a thread beside dK and dV, so head dim 64. Not with split_dkv or fused.
+      At 19797c5 ptxas spills 128 bytes and serializes the dK/dV kernel's wgmmas
+      (C7512) with it at head dim 64, and its backward ran 342.9 TFLOP/s against the
+      default's 364.9 (0.94x, non-causal 8k), so it stays off. This and
+      q_do_in_registers are compiled only: GPU interpret mode's wgmma reads A from
+      shared memory, and there both are off.
+    solo_dq_registers: with one dQ warpgroup (consumers_dq=1, the default at head dims
+      192-256), it takes SOLO_CONSUMER_REGISTERS (256) rather than the 232 two consumers
+      share out: at 19797c5 ptxas spilled 608 bytes in that kernel at head dim 256
+      (`results/mosaic-19797c5/ptxas-operands-in-registers.jsonl`). On in the default
+      rows of head dims 192-256 since 5173ae3: backward 1.05-1.08x, the same bits
+      (BWD_SOLO_DQ_REGISTERS has the evidence).
+    dq_kv_multicast: the dQ kernel's CTAs run in clusters of two on adjacent query tiles
+      that walk one key range and load each K/V tile once for both by TMA multicast (as
+      `MosaicConfig.kv_multicast` in the forward). Checked in GPU interpret mode and
+      lowered for sm_90 on CPU.
+    dkdv_q_multicast: the same for the dK/dV kernel: clusters of two CTAs on adjacent key
+      spans walk one query range (both spans'), and each Q and dO tile is loaded once
+      for both (the row statistics and ids, small, by each CTA). Checked in GPU
+      interpret mode and lowered for sm_90 on CPU. Both multicasts compiled at f309273
+      (bf16, B x T = 16k; results/mosaic-f309273/fa-mosaic-*-mc.jsonl; one variant with
+      both, beside the default row), backward TFLOP/s with against without: 8k
+      non-causal 372.2 / 367.5, 463.5 / 458.9 and 385.3 / 379.8 at head dims 64 / 128 /
+      256 (1.01x each); with q_do_in_registers too, 16k causal 369.1 / 373.8 (0.99x) and
+      474.3 / 469.6 (1.01x) at 64 / 128, 2k causal 273.0 / 295.2 (0.92x) and 367.7 /
+      365.4 (1.01x), 2k non-causal at 64 348.0 / 341.7 (1.02x); with solo_dq_registers
+      at 256 causal 8k 391.7 / 384.3 (1.02x). Level or worse, so off. Their compiled
+      bitwise tests ran on 2 of the 30 case-table rows each (the same bits).
+    dq_pingpong: the dQ kernel's two warpgroups take turns at the tensor cores, as the
+      forward's do (pipeline.PingPong, on hardware named barriers when compiled): one's
+      S and dP are issued, and its P and dS computed, while the other's dS K and next
+      S and dP run. Without it both wait on the same K and V tiles, so they tend to
+      issue their products together and then both compute elementwise while the tensor
+      cores idle. Needs consumers_dq=2 and the plain dQ kernel (not split_dq, not
+      fused). Checked in GPU interpret mode (the mbarrier form; the same bits, no data
+      race) and lowered for sm_90. Compiled at e17dedb, the default's bits on the 16 of
+      its 25 case-table rows that ran before the calls' time ran out (none differed, no
+      hang; results/mosaic-e17dedb/mosaic-tests-*dqpp*.log). Timed beside the default
+      (bf16, B x T = 16k, non-causal, backward 2k / 8k; fa-mosaic-{64,128}-false-dqpp.
+      jsonl): head dim 128 374.6 / 405.7 TFLOP/s against 441.1 / 463.9 (0.85x / 0.87x),
+      head dim 64 323.1 / 354.2 against 359.2 / 382.0 (0.90x / 0.93x). Off.
+    share_halves: fused (S^T step): each consumer computes its slice of the dQ share in
+      two halves of its columns, the first handed to the writer's slot before the second
+      is issued, so 16 accumulator registers a thread are in flight where the whole
+      slice held 32. Those 32, beside dK, dV, S^T and dP^T, are what tips ptxas into
+      serializing every wgmma (C7512): on the dumped PTX a share of half the width
+      (`benchmarks.ptx_edit --share half`) leaves it unserialized at 232 registers
+      non-causal and at 240 causal (README, "The dQ share is what the consumers lack").
+      A half is 32 columns, and a wgmma's two operands share one swizzle, so K, Q and
+      the dS^T tiles take the 64-byte swizzle (NARROW_SWIZZLE) rather than 128.
+      Compiled at 2b60086 with writer_warp, in FA3's order with step_descriptors (head
+      dim 128, `results/mosaic-2b60086/`): no C7512 (64 / 276 bytes of spill stores
+      non-causal / causal; without writer_warp, at 232 registers, C7512 still), and
+      backward 433.3 / 408.3 TFLOP/s at 8k against 442.1 / 397.5 without the two
+      (0.98x / 1.03x; the pair 460.1 / 445.5, cuDNN 509.5 / 473.1); 6 of the 25
+      compiled reference rows ran, and passed. Off: the serialization was not what
+      held the fused kernel back (README, "Half shares").
+    writer_warp: fused: the ordered dQ adds (dq_adds.writer) run in one warp of the
+      producer's warpgroup, beside the loads in another, instead of in a fourth
+      warpgroup: three warpgroups as in FA3's backward, so each consumer gets 240
+      registers where it had 232 (WARP_WRITER_CONSUMER_REGISTERS). Built at b4a8ae2
+      (compiled: the same bits on 25 of 25 rows, less spilled, still C7512, 0.95x /
+      0.96x the fused backward without it at head dim 128 non-causal 2k / 8k) and
+      removed at 8d64c73; back for share_halves, which needs 240 causal (timed with
+      it at 2b60086, above).
+    chained_share: fused, two consumers: neither waits for the other's dS^T. Each
+      computes the dQ share over its own key tile only, for the whole query tile, one
+      64 x 64 part at a time (32 accumulator registers, as a consumer's slice held);
+      consumer 0 hands each part to consumer 1 through shared memory, and consumer 1
+      starts its own part's wgmmas from it (its accumulator loaded with consumer 0's
+      sum) and hands the total to the writer. So consumer 0 may run up to a step ahead
+      of consumer 1 rather than meeting it at every step's dS^T exchange, where both
+      then ran their exp2 at once with the tensor cores idle (README, "Half shares":
+      under Nsight Compute the fused kernel's tensor cores were busy 46 % of the time,
+      the pair's dK/dV kernel's, whose consumers never meet, 73 %). Deterministic (the
+      same sums in the same order every call) but not the unchained kernel's bits (the
+      share's terms are added in another order). Its shared memory: consumer 0's
+      parts (one step) and one writer slot, where the unchained kernel has two writer
+      slots; K keeps its 128-byte swizzle (a part is 64 columns). Checked in GPU
+      interpret mode (the reference, no data race) and lowered for sm_90 on CPU.
+      Compiled at c1517e4 it passed the reference on the 15 of its 25 table rows
+      that ran (`results/mosaic-c1517e4/mosaic-tests-chained.log`), and ran the
+      backward at 0.93x the unchained kernel with share_halves at head dim 128
+      non-causal 8k (400.2 against 431.4 TFLOP/s, README "What the fused kernel's
+      dQ costs"): off.
+    rotated_adds: fused: the ordered dQ adds go in the order the visitors arrive
+      when every CTA runs at one pace, so no turn is waited for. Each CTA walks its
+      query tiles upward, and a tile's adds go in decreasing key span: under a causal
+      (or sliding) mask the span above reached the tile steps earlier. Where every
+      span of a batch element has one query range (no mask), each walks its unmasked
+      tiles rotated by its index among the spans, and a tile's turns go round from
+      the span that reached it first (`dq_adds.turn`). The plain order waits at every
+      tile for each span below (all of a head arrive together): at head dim 128 8k
+      the backward without its turns (wrong sums) runs 1.07x non-causal and 1.13x
+      causal (README, "What the fused kernel's dQ costs"). A span may wait on a span
+      of higher index, so the grid is laid out with a head's spans launched
+      together, and a head may have at most as many key spans as the GPU has SMs
+      (ValueError above that).
+      Deterministic: the same order every call, not the plain order's bits.
+      Compiled at af0f5db (share_halves, writer_warp, FA3's order, step_descriptors)
+      it passed the benchmark's reference check and the 10 of 25 compiled table rows
+      that ran, and ran the backward at 0.96x / 0.94x the plain order at head dim 128 8k
+      non-causal / causal (407.0 / 390.8 against 425.9 / 414.5 TFLOP/s, README "Turns
+      in arrival order"): off.
+    split_writer: fused, writer_warp: the ordered adds in two warps of the
+      producer's warpgroup (two of its warps idled), one a writer slot, so the adds
+      of one step wait for their turn and land while the next step's go out. One
+      writer takes a slot's share, waits its turn, sends the TMA reduce, waits for
+      it to be read and then to land, and hands the turn on before it takes the next
+      slot; left out by a diagnostic build, the adds cost 0.80 ms of the fused
+      backward's 6.37 at head dim 128 8k and the consumers wait on the slots (README,
+      "What the fused kernel's dQ costs"). The same adds in the same order: the same
+      bits. Checked in GPU interpret mode (the reference, the race detector) and
+      lowered for sm_90 on CPU; compiled at 9651b8e, one writer's bits on the 11 of 25
+      table rows that ran, and 1.02-1.05x the pair at head dim 128 non-causal, where
+      it is in the default since c8bc107 (BWD_FUSED_FULL below; README, "Two writer
+      warps").
+    """
+
+    block_q_dkv: int = 64
+    block_kv_dkv: int = 64
+    num_stages_dkv: int = 2
+    consumers_dkv: int = 2
+    split_dkv: bool = False
+    block_q_dq: int = 64
+    block_kv_dq: int = 64
+    num_stages_dq: int = 2
+    consumers_dq: int = 2
+    operands_in_registers: bool = True
+    fused: bool = False
+    fa3_order: bool = False
+    row_bound_mask: bool = False
+    step_descriptors: bool = False
+    query_rows: bool = False
+    share_probs: bool = False
+    split_dq: bool = False
+    q_do_in_registers: bool = False
+    k_v_in_registers: bool = False
+    solo_dq_registers: bool = False
+    dq_kv_multicast: bool = False
+    dkdv_q_multicast: bool = False
+    dq_pingpong: bool = False
+    share_halves: bool = False
+    writer_warp: bool = False
+    chained_share: bool = False
+    rotated_adds: bool = False
+    split_writer: bool = False
+
+    def __post_init__(self):
+        for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
+            value = getattr(self, name)
+            if value % 64 or not 64 <= value <= 256:
+                raise ValueError(f"{name}={value} must be 64, 128, 192 or 256")
+        for name in ("num_stages_dkv", "num_stages_dq"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        for name in ("consumers_dkv", "consumers_dq"):
+            if getattr(self, name) not in (1, 2):
+                raise ValueError(f"{name}={getattr(self, name)} must be 1 or 2")
+        if self.split_dkv and self.consumers_dkv != 2:
+            raise ValueError(f"split_dkv needs consumers_dkv=2, not {self.consumers_dkv}")
+        if self.share_probs and not self.split_dkv:
+            raise ValueError(
+                "share_probs hands P^T from the dV warpgroup to the dK one: it needs split_dkv=True"
+            )
+        if self.split_dq and self.consumers_dq != 2:
+            raise ValueError(f"split_dq needs consumers_dq=2, not {self.consumers_dq}")
+        if self.q_do_in_registers and (self.split_dq or self.fused):
+            raise ValueError(
+                "q_do_in_registers is the plain dQ kernel's: not with split_dq or fused"
+            )
+        if self.k_v_in_registers and (self.split_dkv or self.fused):
+            raise ValueError(
+                "k_v_in_registers is the plain dK/dV kernel's: not with split_dkv or fused"
+            )
+        if self.solo_dq_registers and (self.consumers_dq != 1 or self.fused):
+            raise ValueError(
+                "solo_dq_registers gives one dQ warpgroup all its registers: it needs "
+                f"consumers_dq=1 (not {self.consumers_dq}) and a dQ kernel (not fused)"
+            )
+        if self.dkdv_q_multicast and self.fused:
+            raise ValueError(
+                "dkdv_q_multicast is the pair's dK/dV kernel's: not with fused (whose dQ "
+                "order follows each key span's own query tiles)"
+            )
+        if self.dq_kv_multicast and self.fused:
+            raise ValueError("dq_kv_multicast is the dQ kernel's: not with fused (no dQ kernel)")
+        if self.dq_pingpong and (self.consumers_dq != 2 or self.split_dq or self.fused):
+            raise ValueError(
+                "dq_pingpong takes turns between the plain dQ kernel's two warpgroups: it "
+                f"needs consumers_dq=2 (not {self.consumers_dq}), not split_dq, not fused"
+            )
+        if self.fused and self.split_dkv:
+            raise ValueError("fused needs split_dkv=False: each consumer owns a key tile")
+        if self.query_rows and not self.fused:
+            raise ValueError("query_rows orders the fused kernel's step: it needs fused=True")
+        if self.query_rows and self.fa3_order:
+            raise ValueError("query_rows and fa3_order are two orders of the fused step: pick one")
+        if self.share_halves and (not self.fused or self.query_rows):
+            raise ValueError(
+                "share_halves splits the fused kernel's dQ share of the S^T step: it needs "
+                "fused=True and not query_rows"
+            )
+        if self.chained_share and not (
+            self.fused and self.consumers_dkv == 2 and not self.query_rows and not self.share_halves
+        ):
+            raise ValueError(
+                "chained_share chains the fused kernel's two consumers: it needs fused=True, "
+                "consumers_dkv=2, and neither query_rows nor share_halves"
+            )
+        if self.rotated_adds and not self.fused:
+            raise ValueError("rotated_adds orders the fused kernel's dQ adds: it needs fused=True")
+        if self.split_writer and not (self.writer_warp and not self.chained_share):
+            raise ValueError(
+                "split_writer splits writer_warp's adds between two warps, a writer slot "
+                "each: it needs writer_warp=True and not chained_share (one slot)"
+            )
+        if self.writer_warp and not self.fused:
+            raise ValueError("writer_warp places the fused kernel's dQ writer: it needs fused=True")
+        if self.fa3_order and not (self.fused and self.operands_in_registers):
+            raise ValueError(
+                "fa3_order needs fused=True and operands_in_registers=True (it orders the "
+                "fused kernel's register-operand wgmmas)"
+            )
+
+    def dq_part(self, head_dim: int) -> tuple[int, int]:
+        """(rows, columns) of the fused dQ share one consumer computes: the head-dim
+        columns split between the consumers where each slice stays a multiple of 64
+        (the 128-byte swizzle of K's tiles), else the query rows (wgmma's M is 64)."""
+        c, bq = self.consumers_dkv, self.block_q_dkv
+        if head_dim % (64 * c) == 0:
+            return bq, head_dim // c
+        if bq % (64 * c) == 0:
+            return bq // c, head_dim
+        raise ValueError(
+            f"fused at head dim {head_dim} with {c} consumers needs block_q_dkv a multiple "
+            f"of {64 * c}, not {bq}"
+        )
+
+    @property
+    def share_pieces(self) -> int:
+        """Column pieces a consumer's dQ share is computed in, one after another."""
+        return 2 if self.share_halves else 1
+
+    @property
+    def key_tiles_dkv(self) -> int:
+        """Key tiles resident per dK/dV CTA (each of block_kv_dkv keys)."""
+        return 1 if self.split_dkv else self.consumers_dkv
+
+    def smem_bytes_dkv(self, head_dim: int, itemsize: int = 2) -> int:
+        """Shared memory of the dK/dV kernel at this (padded) head dim (an estimate,
+        compared with Mosaic GPU's own check by the CUDA lowering tests)."""
+        bq, bk, stages = self.block_q_dkv, self.block_kv_dkv, self.num_stages_dkv
+        kv = 2 * self.key_tiles_dkv * bk * head_dim * itemsize
+        ring = stages * (2 * bq * head_dim * itemsize + 2 * bq * 4)
+        staged = self.consumers_dkv * bk * bq * itemsize
+        if self.operands_in_registers or self.query_rows:  # no staging buffer
+            staged = 0
+        barriers = 8 * (3 * stages + 2)
+        if self.share_probs:  # the float32 P^T tile the dV warpgroup hands over
+            staged += bk * bq * 4
+            barriers += 8 * 2
+        if self.fused:  # the dS^T tiles, and two steps of float32 dQ shares
+            c = self.consumers_dkv
+            staged += c * bk * bq * itemsize + 2 * bq * head_dim * 4
+            barriers += 8 * 7
+            if self.chained_share:  # one writer slot and consumer 0's parts instead
+                barriers += 8 * 2 * c
+        return kv + ring + staged + barriers + MOSAIC_OVERHEAD
+
+    def smem_bytes_dq(self, head_dim: int, itemsize: int = 2) -> int:
+        """Shared memory of the dQ kernel at this (padded) head dim (an estimate)."""
+        bq, bk, c = self.block_q_dq, self.block_kv_dq, self.consumers_dq
+        tiles = 1 if self.split_dq else c  # query tiles a CTA holds
+        q_do = tiles * (2 * bq * head_dim * itemsize + 2 * bq * 4)
+        ring = self.num_stages_dq * 2 * bk * head_dim * itemsize
+        staged = 0 if self.operands_in_registers else c * bq * bk * itemsize
+        barriers = 8 * (4 * self.num_stages_dq + c)
+        if self.split_dq:  # P (float32) and dS handed over; dS is the wgmma operand
+            staged = bq * bk * (4 + itemsize)
+            barriers += 8 * 4
+        return q_do + ring + staged + barriers + MOSAIC_OVERHEAD
+
+
+# The backward default rows (head dims 64 and 128; 192-256 since 1ae1789) mask boundary
+# tiles from each query's key bounds (`MosaicBwdConfig.row_bound_mask`, where the mask
+# has row bounds: causal and windows). Compiled, it gives the tile_mask form's bits on
+# all 30 of the case table's rows (28 at 67e6e1c, the two head-dim-256 rows at 47a46be
+# and the 5 head-dim-256 rows of the backward's own test at 1ae1789;
+# results/mosaic-*/mosaic-tests-*.log); the dK/dV kernel's spill stores 36 bytes where
+# they were 80 (head dim 128 causal). Speed: as a variant, fwd+bwd 1.04x / 1.02x at head
+# dim 64 causal 2k in two runs, 1.00x at 4k, and at 128 0.96x / 1.03x at 2k, 1.01x at 4k
+# (results/mosaic-5a15452/); as the default beside `row_bound_mask=false` at 0332c92
+# (results/mosaic-0332c92/fa-{64,128}-true-rowbound-default.jsonl; bf16, B x T = 16k;
+# the variant turns the forward's row-bound mask off too, the field being shared),
+# 1.01x / 1.00x at head dim 64 causal 2k / 4k (301.6 / 348.7 TFLOP/s against 297.7 /
+# 347.7) and 1.00x / 0.99x at 128 (410.9 / 439.5 against 410.7 / 442.8): level, within
+# the runs' noise, and it stays for the smaller spills.
+BWD_ROW_BOUND = True
+
+
+# The dQ kernel's Q and dO as register wgmma A operands (MosaicBwdConfig.q_do_in_registers)
+# in the default rows of head dims 64-128, since 5173ae3. Compiled, the same bits as
+# without on all 25 of the case table's rows at those head dims (14 at 19797c5,
+# results/mosaic-19797c5/mosaic-tests-q-do-in-registers.log, the other 11 at f309273,
+# results/mosaic-f309273/mosaic-tests.log). Speed, head dim 128 non-causal 8k (bf16,
+# B x T = 16k), timed default / with / default / with in one process at 26e6916 so that
+# neither holds the process's first place alone (results/mosaic-26e6916/fa-mosaic-128-aba.jsonl):
+# backward 461.5 / 468.5 / 465.6 / 471.3 TFLOP/s, 1.012-1.015x; at 19797c5, with Q's
+# forward columns (results/mosaic-19797c5/fa-mosaic-{64,128}-regs.jsonl), 1.02x / 1.01x
+# at head dims 64 / 128. No spills (ptxas-operands-in-registers.jsonl there).
+BWD_Q_DO_IN_REGISTERS = True
+
+
+# The one dQ warpgroup of head dims 192-256 with all 256 of its registers
+# (MosaicBwdConfig.solo_dq_registers) in the default rows since 5173ae3: at 232 ptxas
+# spilled 608 bytes in that kernel at head dim 256. Compiled, the same bits as without on
+# all 5 of the case table's head-dim-256 rows (results/mosaic-26e6916/mosaic-tests-solo-dq.log).
+# Speed (bf16, B x T = 16k), backward TFLOP/s: non-causal 8k 397.9 against 379.8 (1.05x,
+# results/mosaic-f309273/fa-mosaic-256-mc.jsonl), causal 8k 384.3 against 365.5 (1.05x,
+# fa-mosaic-256c-mc.jsonl there; cuDNN 346.9 / 364.7 in those runs), and causal 16k
+# timed default / with / default / with at 26e6916 386.3 / 412.1 / 381.9 / 414.1
+# (1.07-1.08x, results/mosaic-26e6916/fa-mosaic-256c-aba.jsonl).
+BWD_SOLO_DQ_REGISTERS = True
+
+
+# Keys per K/V tile of the dQ kernel at head dim 64 (block_kv_dq). The backward sweep at
+# 536c0ce (results/mosaic-536c0ce/sweep-mosaic-64-bwd-440.jsonl; B=2, T=S=8k, bf16)
+# ranked 128-key tiles first: 375.7 / 365.0 TFLOP/s non-causal / causal against the
+# 64-key default's 369.7 / 354.7 (1.02x / 1.03x; three stages 376.6 / 364.1), the
+# default's bits (check_err 0.0). Each 64-row query tile then issues half as many
+# S / dP / dQ wgmma groups and waits half as many barriers per key; S and dP take
+# 64 registers each (64 x 128 float32 over 128 threads), which fit beside dQ's 32 and
+# Q and dO's 32. At 128 the same tiles would hold 64 more for dQ: not swept there.
+# Timed at b1e8fd0 in one process in the order default (128) / 64 / 128 / 64, the
+# interleaved harness (results/mosaic-b1e8fd0/fa-mosaic-64{,c}-dqkeys.jsonl; bf16,
+# B x T = 16k), backward TFLOP/s: non-causal 2k 350.6 / 344.2 / 356.4 / 348.2 (1.02x),
+# causal 2k 307.0 / 289.2 / 298.5 / 279.7 (1.06x), causal 8k 374.3 / 356.9 / 376.2 /
+# 353.8 (1.05x; cuDNN 389.3, 282.8, 398.1). Compiled, the 64-key tiles' bits on all 14
+# head-dim-32/64 rows of the case table (test_gpu_dq_key_tiles_change_no_bit,
+# results/mosaic-b1e8fd0/mosaic-tests.log).
+BWD_DQ_KEYS_64 = 128
+
+
+def q_do_fit_registers(block_q_dq: int, head_dim: int) -> bool:
+    """Whether the dQ kernel's Q and dO tiles (16-bit, block_q_dq rows) fit a
+    warpgroup's registers beside its dQ accumulator, which they cost as much as:
+    2 x block_q_dq x padded head dim <= 128 x 128, so head dim 128 at most with 64-row
+    tiles (MosaicBwdConfig.q_do_in_registers)."""
+    return 2 * block_q_dq * padded_head_dim(head_dim) <= 128 * 128
+
+
+def fused_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
+    """The fused backward at this head dim: two consumers splitting the dQ share's
+    columns at 128, its rows (128-row query tiles) at 64. Above 128 the accumulators do
+    not fit beside a share: ValueError. Its boundary tiles mask as the default rows' do
+    (`BWD_ROW_BOUND`; the same `probs` code as the pair's dK/dV kernel): compiled for
+    sm_90 at 67e6e1c (ptxas: 280 bytes of spill stores with step_descriptors, 736
+    without the row-bound form) and checked in GPU interpret mode; compiled with it, in
+    FA3's order, it passed the reference on all 25 of its case-table rows at 47a46be
+    (test_gpu_step_descriptors_change_no_bit, fused-fa3), the fused default's own
+    reference tests having run before it took the row-bound form."""
+    hp = padded_head_dim(head_dim)
+    if hp > 128:
+        raise ValueError(
+            f"the fused backward does not fit at head dim {hp} (above 128): use "
+            "default_mosaic_bwd_config"
+        )
+    return MosaicBwdConfig(
+        fused=True, block_q_dkv=128 if hp == 64 else 64, row_bound_mask=BWD_ROW_BOUND
+    )
+
+
+# The fused backward (one kernel, dQ added in a fixed order) in FA3's step order with
+# per-step descriptors, its dQ share in column halves and its ordered adds in two writer
+# warps, a slot each (`fused_full_bwd_config`): the default of padded head dim 128 when
+# the call is not causal, since 9651b8e's runs (results/mosaic-9651b8e/; bf16,
+# B x T = 16k, backward TFLOP/s, against the pair in the same process): non-causal
+# 2k / 4k / 8k / 16k 427.5 / 457.7 / 473.6 / 475.8 against 406.9 / 449.4 / 461.0 / 456.8
+# (1.05x / 1.02x / 1.03x / 1.04x; cuDNN 418.1 / 488.8 / 515.7 / 521.0). Causal it ran
+# 1.01x / 1.02x / 1.00x / 0.98x the pair (351.2 / 408.7 / 447.1 / 455.8 against 348.2 /
+# 400.9 / 445.2 / 465.0): level, so causal calls keep the pair. Compiled, the split
+# writer gives the one writer's bits on the 11 fused case-table rows that ran
+# (results/mosaic-9651b8e/mosaic-tests-split-writer.log).
+BWD_FUSED_FULL = True
+
+
+def fused_full_bwd_config(head_dim: int) -> MosaicBwdConfig:
+    """The fused build of BWD_FUSED_FULL at this head dim (128 at most, as
+    fused_mosaic_bwd_config)."""
+    return dataclasses.replace(
+        fused_mosaic_bwd_config(head_dim),
+        fa3_order=True,
+        step_descriptors=True,
+        share_halves=True,
+        writer_warp=True,
+        split_writer=True,
+    )
+
+
+def default_mosaic_bwd_config(head_dim: int, causal: bool) -> MosaicBwdConfig:
+    """The backward default table's row for this head dim and causality (16-bit inputs
+    only): the fused kernel at padded head dim 128 without a causal mask
+    (BWD_FUSED_FULL), else the pair (pair_mosaic_bwd_config)."""
+    if BWD_FUSED_FULL and padded_head_dim(head_dim) == 128 and not causal:
+        return fused_full_bwd_config(head_dim)
+    return pair_mosaic_bwd_config(head_dim)
+
+
+def pair_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
+    """The two-kernel backward's row for this head dim (a dK/dV kernel and a dQ kernel,
+    no atomics; 16-bit inputs only): the default but at head dim 128 non-causal."""
+    hp = padded_head_dim(head_dim)
+    if hp == 64:
+        # Sweep at 12-01 (B=2, T=S=8k, bf16): 128-row Q tiles through 3 slots in the
+        # dK/dV kernel ran 374 / 357 TFLOP/s (full / causal) against 349 / 342 for 64-row
+        # tiles through 2 (1.07x / 1.04x); the module docstring has the side-by-side run.
+        # Row-bound masks (row_bound_mask): see BWD_ROW_BOUND above.
+        # Q and dO in registers: BWD_Q_DO_IN_REGISTERS above.
+        # 128-key K/V tiles in the dQ kernel: BWD_DQ_KEYS_64 below.
+        return MosaicBwdConfig(
+            block_q_dkv=128,
+            num_stages_dkv=3,
+            block_kv_dq=BWD_DQ_KEYS_64,
+            row_bound_mask=BWD_ROW_BOUND,
+            q_do_in_registers=BWD_Q_DO_IN_REGISTERS,
+        )
+    if hp <= 128:
+        return MosaicBwdConfig(
+            row_bound_mask=BWD_ROW_BOUND, q_do_in_registers=BWD_Q_DO_IN_REGISTERS
+        )
+    # Head dims 192 and 256 take the row-bound form too (since 1ae1789): compiled it gives
+    # tile_mask's bits on the case table's 5 head-dim-256 rows (5 of 5 at 1ae1789,
+    # results/mosaic-1ae1789/mosaic-tests-row-bound-h256.log), and beside tile_mask in one
+    # process (fa-mosaic-256-true-rowbound-bwd.jsonl; bf16, B x T = 16k, causal) fwd+bwd ran
+    # 1.01x / 1.01x / 1.02x at 4k / 8k / 16k (350.8 / 368.3 / 383.8 TFLOP/s against
+    # 348.6 / 363.7 / 377.8); on CPU its lowered backward has 43,410 ops against 45,280
+    # (benchmarks.lowered_ops --head-dim 256 --causal true). And the dV warpgroup hands
+    # its P^T to the dK warpgroup (share_probs, since 79c9063): beside the plain split,
+    # backward 1.14-1.17x at head dim 256, 4k and 16k, causal and not (module docstring);
+    # compiled, the same bits as the split on the case table's head-dim-256 and -64 rows
+    # (13 of 13, results/mosaic-e928813/mosaic-tests-share-probs.log).
+    # And the one dQ warpgroup takes all its registers: BWD_SOLO_DQ_REGISTERS above.
+    return MosaicBwdConfig(
+        split_dkv=True,
+        share_probs=True,
+        consumers_dq=1,
+        row_bound_mask=BWD_ROW_BOUND,
+        solo_dq_registers=BWD_SOLO_DQ_REGISTERS,
+    )
