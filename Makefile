@@ -52,7 +52,8 @@ gpu-test:
 	XLA_FLAGS=--xla_gpu_autotune_level=0 XLA_PYTHON_CLIENT_PREALLOCATE=false \
 	  PYTHONPATH=. python3 -m pytest -m "gpu and not mosaic" -q -p no:benchmark -n 8
 	XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=. timeout 900 \
-	  python3 -m pytest -m gpu tests/test_mosaic.py tests/test_mosaic_backward.py -q \
+	  python3 -m pytest -m gpu tests/test_mosaic.py tests/test_mosaic_backward.py \
+	  tests/test_mosaic_fused.py -q \
 	  -p no:benchmark -n 4
 
 clean:

@@ -76,7 +76,8 @@ for step in "$@"; do
     # at 41958b0, about 44 s a test per worker) on a 16-core host: more workers may
     # finish sooner; --durations (when it finishes) says where the time goes.
     mosaic-tests) XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "${MOSAIC_TESTS_TIMEOUT:-500}" \
-             python3 -m pytest -m gpu tests/test_mosaic.py tests/test_mosaic_backward.py -v \
+             python3 -m pytest -m gpu tests/test_mosaic.py tests/test_mosaic_backward.py \
+             tests/test_mosaic_fused.py -v \
              -p no:cacheprovider -p no:benchmark -rA -n "${MOSAIC_TESTS_WORKERS:-8}" \
              --durations=15 ${MOSAIC_TESTS_K:+-k "$MOSAIC_TESTS_K"} \
              > "$OUT/mosaic-tests.log" 2>&1; echo "pytest rc=$?"; tail -3 "$OUT/mosaic-tests.log" ;;

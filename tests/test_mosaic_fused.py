@@ -1,0 +1,480 @@
+"""The fused Mosaic GPU backward (`MosaicBwdConfig.fused`: one kernel, dQ added in a fixed
+order, mosaic/dq_adds.py) against the float32 reference, its turn order, and its configs.
+
+On CPU the kernel runs in Mosaic GPU's interpret mode, where the CTAs run one by one in
+grid order and the writer adds without taking turns (the order tests check the turns'
+arithmetic instead); its register-operand forms (fa3_order) only lower there
+(tests/test_mosaic_lowering.py). Tests marked `gpu` run it compiled on the H200.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import chex
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_flash import masks
+from pallas_flash.mosaic import backward as mosaic_backward
+from pallas_flash.mosaic import pipeline
+from pallas_flash.mosaic.bwd_config import (
+    MosaicBwdConfig,
+    fused_full_bwd_config,
+    fused_mosaic_bwd_config,
+    pair_mosaic_bwd_config,
+)
+from pallas_flash.mosaic.config import padded_head_dim
+from tests.cases import Case, packed, tolerance_check
+from tests.test_mosaic_backward import (
+    GPU_CASES,
+    ROW_BOUND_CASES,
+    _backward,
+    _compare,
+    _flag_changes_no_bit,
+    _problem,
+    _seed,
+)
+
+pytestmark = pytest.mark.mosaic  # the GPU run takes these in a step of their own
+
+BF16, F16 = jnp.bfloat16, jnp.float16
+
+
+# Head dim 128: each of two consumers computes half of the dQ share's columns. Head dim
+# 64 (columns not splittable in 64s): one consumer computing the whole share.
+FUSED = MosaicBwdConfig(fused=True)
+
+
+FUSED_ONE = MosaicBwdConfig(fused=True, consumers_dkv=1)
+
+
+# Head dim 64 with two consumers: 128-row query tiles, each consumer 64 rows of the share.
+FUSED_ROWS = MosaicBwdConfig(fused=True, block_q_dkv=128)
+
+
+FUSED_CASES = [
+    # A GQA group of 2, bottom-right causal with a ragged key length: masked, full and
+    # skipped tiles, several visitors per query tile in both heads.
+    (Case(1, 150, 200, 2, 1, 128, BF16, causal=True, bottom_right=True, kv_lens=(180,)), FUSED),
+    # Ragged lengths: batch 1's keys end at 33 and its rows at 61, so spans past the
+    # keys visit nothing and some query tiles no span visits (their dQ is zero).
+    (Case(2, 100, 90, 1, 1, 64, F16, causal=True, q_lens=(100, 61), kv_lens=(33, 90)), FUSED_ONE),
+    # Packed documents: segment ids narrow each span's query range.
+    (Case(1, 200, 200, 1, 1, 64, BF16, segments=(packed([(60, 140)], 200),) * 2), FUSED_ONE),
+    # Two consumers at head dim 64: each computes 64 of the 128 rows of the share.
+    (Case(1, 260, 190, 2, 2, 64, F16, causal=True), FUSED_ROWS),
+    # Packed documents with two consumers (and a GQA group, T != S): the variants that
+    # split the share between them see skipped tiles and narrowed ranges too.
+    (
+        Case(
+            1,
+            200,
+            230,
+            2,
+            1,
+            128,
+            BF16,
+            causal=True,
+            segments=(packed([(60, 140)], 200), packed([(70, 170)], 230)),
+        ),
+        FUSED,
+    ),  # fmt: skip
+    # No mask and whole key spans: every span has one query range, so rotated_adds
+    # rotates each span's walk (a GQA group of 2, a ragged last query tile).
+    (Case(1, 300, 512, 2, 1, 128, BF16), FUSED),
+]
+
+
+# The fused kernel's variants: the step's two orientations, S^T (keys on the rows) and,
+# with `query_rows`, S (P and dS through shared memory); the dQ share in two column
+# halves (`share_halves`, K, Q and dS^T in the narrower swizzle) with the writer as a
+# warp of the producer's warpgroup (`writer_warp`); each consumer's share over its own
+# keys, consumer 1 adding consumer 0's (`chained_share`); the walks upward, rotated
+# where no mask cuts the spans (`rotated_adds`: GPU interpret mode runs the CTAs in
+# order, so it checks the walks, not the turns: test_rotated_adds_turns does); the
+# writer warp's adds split between two warps, a slot each (`split_writer`), with the
+# halves or the whole share.
+FUSED_VARIANTS = {
+    "keys-rows": {},
+    "query-rows": {"query_rows": True},
+    "share-halves-writer-warp": {"share_halves": True, "writer_warp": True},
+    "chained-share": {"chained_share": True},
+    "rotated-adds": {"rotated_adds": True},
+    "split-writer": {"share_halves": True, "writer_warp": True, "split_writer": True},
+    # Two writer warps with the whole share (head dim 64's rows: a share of N = 64).
+    "writer-warps": {"writer_warp": True, "split_writer": True},
+}
+
+
+def _variant(config, variant: dict):
+    """`config` with a FUSED_VARIANTS entry; chained_share needs two consumers, so a
+    one-consumer config keeps its own share there."""
+    if variant.get("chained_share") and config.consumers_dkv != 2:
+        return config
+    return dataclasses.replace(config, **variant)
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("variant", FUSED_VARIANTS.values(), ids=FUSED_VARIANTS.keys())
+@pytest.mark.parametrize("case,config", FUSED_CASES, ids=lambda x: getattr(x, "id", None))
+def test_interpret_fused_matches_reference(case, config, variant):
+    _compare(case, _variant(config, variant), interpret=True, seed=_seed(case))
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize(
+    "case,config",
+    [
+        (ROW_BOUND_CASES[0], pair_mosaic_bwd_config(128)),  # the pair
+        FUSED_CASES[0],  # two consumers, each reading both K and dS^T tiles
+    ],
+    ids=["pair", "fused"],
+)
+def test_interpret_step_descriptors_change_no_bit(case, config):
+    """`step_descriptors` addresses the same buffers (through an offset that is 0), so
+    the gradients are the same bits."""
+    _flag_changes_no_bit(case, config, "step_descriptors", True)
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("variant", FUSED_VARIANTS.values(), ids=FUSED_VARIANTS.keys())
+def test_interpret_fused_finds_no_data_race(capsys, variant):
+    """The race detector (as test_interpret_finds_no_data_race) over the fused kernel's
+    own buffers too: the one dS^T buffer both consumers read and the two share slots
+    the writer empties. It does flag the interpreted writer's read-add-store of dQ in
+    global memory, and only that: between CTAs it is ordered by the interpreter running
+    them one by one, where the compiled kernel has its semaphores, which the interpreter
+    lacks (dq_adds' module doc)."""
+    from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks  # no public accessor
+
+    params = plgpu.InterpretGPUParams(detect_races=True)
+    case = Case(1, 200, 190, 1, 1, 128, BF16, causal=True)
+    config = dataclasses.replace(FUSED, **variant)  # query_rows: P and dS share a tile
+    _compare(case, config, interpret=params, with_dlse=False)
+    races = capsys.readouterr().out.split("RACE DETECTED")[1:]
+    assert bool(races) == gpu_callbacks.get_races().races_found
+    for race in races:  # both sides are the interpreted writer's dQ accesses
+        assert race.count("dq_adds.py") == 2 and race.count("(writer.") == 2, race
+
+
+def _visitor_table(ranges, num_tiles):
+    """(index among the non-empty spans, first, last) by counting over all pairs."""
+    ranges = np.asarray(ranges)
+    B, spans, _ = ranges.shape
+    index = np.zeros((B, spans), np.int32)
+    first = np.zeros((B, num_tiles), np.int32)
+    last = np.full((B, num_tiles), -1, np.int32)
+    for b in range(B):
+        lo, hi = ranges[b, :, 0], ranges[b, :, 3]
+        nonempty = hi > lo
+        index[b] = np.cumsum(nonempty) - nonempty
+        for m in range(num_tiles):
+            visitors = [n for n in range(spans) if lo[n] <= m < hi[n]]
+            if visitors:
+                ranks = index[b, visitors]
+                # The visitors are consecutive among the non-empty spans: the ranks
+                # the kernel derives (index - first) are 0, 1, 2, ...
+                np.testing.assert_array_equal(ranks, ranks[0] + np.arange(len(ranks)))
+                first[b, m], last[b, m] = ranks[0], ranks[-1]
+    return index, first, last
+
+
+ORDER_SPECS = {
+    "full": (masks.MaskSpec(), None),
+    "causal": (masks.MaskSpec(causal=True), None),
+    "causal-br": (masks.MaskSpec(causal=True, bottom_right=True), None),
+    "window": (masks.MaskSpec(local_window=(100, 20)), None),
+    "causal-packed": (
+        masks.MaskSpec(causal=True, segments=True),
+        ((90, 243, 187), (200, 210, 290)),
+    ),
+    "unsorted-ids": (masks.MaskSpec(segments=True), "unsorted"),
+}
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("spec,segments", ORDER_SPECS.values(), ids=ORDER_SPECS.keys())
+def test_fused_add_order_matches_a_count(spec, segments):
+    """The ranks of the ordered dQ adds (dq_adds.order_tables, computed in XLA from the
+    kernel's query-tile ranges) against a count over every (span, tile) pair, for mask
+    bands, ragged and empty lengths, packed and unsorted segment ids."""
+    from pallas_flash.mosaic import dq_adds
+
+    ranges, tiles = _order_ranges(spec, segments, S=700)
+    got = dq_adds.order_tables(ranges, tiles)
+    for g, want in zip(got, _visitor_table(ranges, tiles)):
+        np.testing.assert_array_equal(np.asarray(g), want)
+
+
+def _order_ranges(spec, segments, S: int):
+    """The dK/dV kernel's query-tile ranges [4, spans, 4] for T = 520 rows of 64-row
+    tiles and S keys in 128-key spans; batch 0 whole, 1 ragged (300 rows, 250 keys),
+    2 and 3 empty. `segments`: None, "unsorted" (random ids), or the packed documents'
+    bounds ((query bounds), (key bounds)). Returns (ranges, query tiles)."""
+    T, bq, keys = 520, 64, 128
+    q_len = jnp.array([520, 300, 0, 520], jnp.int32)
+    kv_len = jnp.array([S, 250, S, 0], jnp.int32)
+    spans, tiles = -(-S // keys), -(-T // bq)
+    ranges = masks.tile_range_table(masks.q_tile_range, spec, q_len, kv_len, spans, bq, keys, keys)
+    if segments is not None:
+        if segments == "unsorted":
+            rng = np.random.default_rng(0)
+            q_seg, kv_seg = (rng.integers(0, 3, (4, n)) for n in (tiles * bq, spans * keys))
+        else:
+            q_seg = np.array(packed([segments[0]], T) * 4)
+            kv_seg = np.array(packed([segments[1]], S) * 4)
+            q_seg = np.pad(q_seg, [(0, 0), (0, tiles * bq - T)], mode="edge")
+            kv_seg = np.pad(kv_seg, [(0, 0), (0, spans * keys - S)], mode="edge")
+        seg = masks.segment_tile_ranges(jnp.asarray(q_seg), jnp.asarray(kv_seg), bq, keys)[1]
+        ranges = pipeline.intersect_tables(ranges, seg)
+    return ranges, tiles
+
+
+@pytest.mark.parametrize("spec,segments", ORDER_SPECS.values(), ids=ORDER_SPECS.keys())
+def test_rotated_adds_turns(spec, segments):
+    """rotated_adds' walks and turns (dq_adds.walk_tile, walk_place, turn), as the
+    kernel derives them, over the order tests' masks with 640 keys (5 whole spans, so
+    batch 0 without a mask takes the rotated walk): each walk visits its range once
+    and walk_place inverts it; a tile's ranks are 0 .. visitors - 1; when every span
+    runs at one pace no span waits on one that reaches the tile later (strictly
+    earlier in the rotated walk and under the causal mask, the cases it is for);
+    and the semaphore protocol, every span resident, ends with every add made (no
+    deadlock), over a GQA group of two heads."""
+    from pallas_flash.mosaic import dq_adds
+
+    ranges, tiles = _order_ranges(spec, segments, S=640)
+    index, first, last = (np.asarray(x) for x in dq_adds.order_tables(ranges, tiles))
+    ring_table = np.asarray(dq_adds.ring_table(ranges))
+    ranges = np.asarray(ranges)
+    rotated_batches = 0
+    for b in range(ranges.shape[0]):
+        count, ring = ring_table[b]
+        rotated_batches += int(ring)
+        walks, ranks = {}, {}
+        for span in range(ranges.shape[1]):
+            lo, full_lo, full_hi, hi = (int(x) for x in ranges[b, span])
+            if hi <= lo:
+                continue
+            own = index[b, span]
+            rot = own if ring else 0
+            walk = [int(dq_adds.walk_tile(j, lo, full_lo, full_hi, rot)) for j in range(hi - lo)]
+            assert sorted(walk) == list(range(lo, hi)), (b, span, walk)
+            places = [int(dq_adds.walk_place(i, lo, full_lo, full_hi, rot)) for i in walk]
+            assert places == list(range(hi - lo)), (b, span)
+            walks[span] = walk
+            for i in walk:
+                rank, visitors = dq_adds.turn(
+                    own, first[b, i], last[b, i], i, count, ring, full_lo, full_hi
+                )
+                ranks[span, i] = int(rank)
+                assert int(visitors) == last[b, i] - first[b, i] + 1
+        for m in range(tiles):
+            by_rank = sorted((ranks[s, m], walks[s].index(m)) for s in walks if m in walks[s])
+            assert [r for r, _ in by_rank] == list(range(len(by_rank))), (b, m, by_rank)
+            places = [p for _, p in by_rank]
+            assert places == sorted(places), (b, m, by_rank)  # no wait on a later arrival
+            if ring or spec == ORDER_SPECS["causal"][0]:
+                assert len(set(places)) == len(places), (b, m, by_rank)
+        # The protocol: each span's adds in its walk's order, head by head; an add goes
+        # when its tile's count reads its rank, and adds 1.
+        group, done = 2, dict.fromkeys(walks, 0)
+        counts = np.zeros((group, tiles), np.int32)
+        progress = True
+        while progress:
+            progress = False
+            for span, walk in walks.items():
+                while done[span] < group * len(walk):
+                    g, i = divmod(done[span], len(walk))
+                    if counts[g, walk[i]] != ranks[span, walk[i]]:
+                        break
+                    counts[g, walk[i]] += 1
+                    done[span] += 1
+                    progress = True
+        assert all(done[s] == group * len(w) for s, w in walks.items()), (b, done)
+    assert rotated_batches == (1 if spec == ORDER_SPECS["full"][0] else 0)
+
+
+def test_fused_config_validation():
+    with pytest.raises(ValueError, match="split_dkv=False"):
+        MosaicBwdConfig(fused=True, split_dkv=True)
+    with pytest.raises(ValueError, match="rotated_adds .* needs fused=True"):
+        MosaicBwdConfig(rotated_adds=True)
+    with pytest.raises(ValueError, match="split_writer .* needs writer_warp=True"):
+        MosaicBwdConfig(fused=True, split_writer=True)
+    with pytest.raises(ValueError, match="split_writer .* not chained_share"):
+        MosaicBwdConfig(fused=True, writer_warp=True, chained_share=True, split_writer=True)
+    with pytest.raises(ValueError, match="block_q_dkv a multiple of 128"):
+        FUSED.dq_part(64)  # 32 columns each: not a swizzle's 64
+    assert FUSED.dq_part(128) == (64, 64)
+    assert MosaicBwdConfig(fused=True, block_q_dkv=128).dq_part(64) == (64, 64)  # rows
+    assert FUSED_ONE.dq_part(64) == (64, 64)
+    # The fused rows mask as the default rows do (row bounds at head dims 64 and 128).
+    rows = dict(row_bound_mask=True)
+    assert fused_mosaic_bwd_config(128) == dataclasses.replace(FUSED, **rows)
+    assert fused_mosaic_bwd_config(64) == dataclasses.replace(FUSED_ROWS, **rows)
+    with pytest.raises(ValueError, match="above 128"):
+        fused_mosaic_bwd_config(256)
+    with pytest.raises(ValueError, match="registers"):  # dK, dV and a 64 x 128 share
+        mosaic_backward.check_fits(MosaicBwdConfig(fused=True, consumers_dkv=1), 128)
+    with pytest.raises(ValueError, match="shared memory"):  # plus the staging buffers
+        mosaic_backward.check_fits(dataclasses.replace(FUSED, operands_in_registers=False), 128)
+    for kwargs in ({}, {"fused": True, "operands_in_registers": False}):
+        with pytest.raises(ValueError, match="fa3_order needs fused=True"):
+            MosaicBwdConfig(fa3_order=True, **kwargs)
+    with pytest.raises(ValueError, match="needs fused=True"):
+        MosaicBwdConfig(query_rows=True)
+    with pytest.raises(ValueError, match="pick one"):
+        MosaicBwdConfig(fused=True, fa3_order=True, query_rows=True)
+    for kwargs in ({}, {"fused": True, "query_rows": True}):
+        with pytest.raises(ValueError, match="share_halves .* not query_rows"):
+            MosaicBwdConfig(share_halves=True, **kwargs)
+    with pytest.raises(ValueError, match="writer_warp .* needs fused=True"):
+        MosaicBwdConfig(writer_warp=True)
+    halves = dataclasses.replace(FUSED, share_halves=True)
+    assert (FUSED.share_pieces, halves.share_pieces) == (1, 2)
+    for kwargs in ({}, {"fused": True, "consumers_dkv": 1}, {"fused": True, "query_rows": True},
+                   {"fused": True, "share_halves": True}):  # fmt: skip
+        with pytest.raises(ValueError, match="chained_share .* needs fused=True"):
+            MosaicBwdConfig(chained_share=True, **kwargs)
+    # One writer slot and consumer 0's parts in place of the second slot: the same bytes.
+    chained = dataclasses.replace(FUSED, chained_share=True)
+    assert chained.smem_bytes_dkv(128) - FUSED.smem_bytes_dkv(128) == 8 * 2 * 2  # barriers
+    # No staging buffer: P and dS reach their wgmmas from the consumer's own tile.
+    staged = dataclasses.replace(FUSED, operands_in_registers=False)
+    rows = dataclasses.replace(staged, query_rows=True)
+    assert staged.smem_bytes_dkv(128) - rows.smem_bytes_dkv(128) == 2 * 64 * 64 * 2
+
+
+# The fused kernel, compiled: the shared case table at head dims up to 128 (above, the
+# two consumers' accumulators do not fit beside a dQ share), and determinism: its dQ
+# is the only result built across CTAs, in the semaphores' order.
+FUSED_GPU_CASES = [c for c in GPU_CASES if padded_head_dim(c.head_dim) <= 128]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
+def test_gpu_fused_matches_reference(case):
+    _compare(case, fused_mosaic_bwd_config(case.head_dim), interpret=False, seed=_seed(case))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
+def test_gpu_fused_fa3_order_matches_reference(case):
+    """The fused step in FA3's order: the same products accumulated in the same order, so
+    the same bits as the fused default (and the reference's tolerance)."""
+    config = fused_mosaic_bwd_config(case.head_dim)
+    fa3 = _compare(
+        case, dataclasses.replace(config, fa3_order=True), interpret=False, seed=_seed(case)
+    )
+    chex.assert_trees_all_equal(fa3, _compare(case, config, False, seed=_seed(case)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
+def test_gpu_fused_query_rows_matches_reference(case):
+    """The fused step with the queries on the rows (`query_rows`), compiled: P and dS
+    through shared memory, dS computed beside dV's wgmma (its GPU-only path)."""
+    config = dataclasses.replace(
+        fused_mosaic_bwd_config(case.head_dim), query_rows=True, step_descriptors=True
+    )
+    _compare(case, config, interpret=False, seed=_seed(case))
+
+
+def _fused_fa3_steps(head_dim: int) -> MosaicBwdConfig:
+    """The fused build the benchmark times: FA3's order with per-step descriptors."""
+    return dataclasses.replace(
+        fused_mosaic_bwd_config(head_dim), fa3_order=True, step_descriptors=True
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
+def test_gpu_fused_share_halves_matches_reference(case):
+    """The dQ share in two column halves with the writer in a warp, compiled, in FA3's
+    order with per-step descriptors (the build timed): the reference's tolerance, and
+    the same bits as the whole share (each dQ element the same sum of the same
+    products, the tensor core's over 16 keys at a time either way)."""
+    config = _fused_fa3_steps(case.head_dim)
+    halves = dataclasses.replace(config, share_halves=True, writer_warp=True)
+    got = _compare(case, halves, interpret=False, seed=_seed(case))
+    chex.assert_trees_all_equal(got, _compare(case, config, False, seed=_seed(case)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
+def test_gpu_fused_chained_share_matches_reference(case):
+    """Each consumer's share over its own keys, consumer 1 adding consumer 0's, compiled
+    in FA3's order with per-step descriptors (the reference's tolerance; its bits are
+    its own: the share's terms are added in another order). Two calls, the same bits."""
+    config = _variant(_fused_fa3_steps(case.head_dim), {"chained_share": True})
+    first = _compare(case, config, interpret=False, seed=_seed(case))
+    chex.assert_trees_all_equal(first, _compare(case, config, False, seed=_seed(case)))
+
+
+def test_rotated_adds_refuses_more_spans_than_sms(monkeypatch):
+    """A span may wait on a later one, so all of a head's must be resident: more key
+    spans than SMs is a ValueError naming the flag, raised before the kernel is built
+    (here on CPU, with the SM count made 2 for three spans)."""
+    monkeypatch.setattr(mosaic_backward, "sm_count", lambda: 2)
+    case = Case(1, 64, 384, 1, 1, 128, BF16)
+    with pytest.raises(ValueError, match="rotated_adds needs a head's 3 key spans"):
+        _compare(case, dataclasses.replace(FUSED, rotated_adds=True), interpret=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
+def test_gpu_fused_rotated_adds_matches_reference(case):
+    """The adds in the order the spans arrive (rotated_adds), compiled in the build
+    timed (FA3's order, per-step descriptors, halves, the writer a warp): the
+    reference's tolerance, and two calls the same bits (its own order, not the plain
+    order's). A turn out of order would hang (the test's timeout) or overwrite."""
+    config = dataclasses.replace(
+        _fused_fa3_steps(case.head_dim), share_halves=True, writer_warp=True, rotated_adds=True
+    )
+    first = _compare(case, config, interpret=False, seed=_seed(case))
+    chex.assert_trees_all_equal(first, _compare(case, config, False, seed=_seed(case)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
+def test_gpu_fused_split_writer_changes_no_bit(case):
+    """Two writer warps, a slot each (split_writer), compiled in the build timed, the
+    fused default's (fused_full_bwd_config): the same adds in the same order as one
+    writer, so the same bits (and the reference's tolerance)."""
+    _flag_changes_no_bit(
+        case, fused_full_bwd_config(case.head_dim), "split_writer", interpret=False
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernels", ["fused-fa3", "pair"])
+@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
+def test_gpu_step_descriptors_change_no_bit(case, kernels):
+    """step_descriptors compiled, in the fused kernel in FA3's order (where the spills
+    were) and in the pair: the same bits as without."""
+    if kernels == "pair":
+        config = pair_mosaic_bwd_config(case.head_dim)
+    else:
+        config = dataclasses.replace(fused_mosaic_bwd_config(case.head_dim), fa3_order=True)
+    _flag_changes_no_bit(case, config, "step_descriptors", False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_fused_is_bitwise_deterministic(head_dim):
+    """Ten calls, bitwise-equal gradients: a GQA group of 4, causal, ragged key lengths,
+    16 key spans adding to most query tiles."""
+    case = Case(2, 2048, 2000, 8, 2, head_dim, BF16, causal=True, kv_lens=(2000, 900))
+    (q, k, v, do, dlse), ref, naive = _problem(case, 4, True)
+    o, lse = ref[0].astype(BF16), ref[1]
+    dlse = jnp.where(jnp.isfinite(lse), dlse, 0.0)
+    config = fused_mosaic_bwd_config(head_dim)
+    run = lambda: _backward(case, config, False, q, k, v, o, lse, do, dlse)  # noqa: E731
+    first = run()
+    for name, got, r, n in zip(("dq", "dk", "dv"), first, ref[2:], naive[2:]):
+        tolerance_check(f"fused {case.id} {name}", got, r, n, case.dtype)
+    for _ in range(9):
+        chex.assert_trees_all_equal(first, run())
