@@ -2,8 +2,10 @@
 the producer's TMA stream of K/V tiles into a ring of shared-memory slots and its
 free/ready barriers (`stream_kv_tiles`, `drain_ring`, named-barrier slots), FA3's
 ping-pong of two consumer warpgroups (`PingPong`), the persistent grid's work order,
-the key-tile ranges each query span walks (from the mask, lengths and segment ids) and
-the element masks of a boundary tile, in the layouts of a wgmma accumulator."""
+the key-tile ranges each query span walks (from the mask, lengths and segment ids), the
+element masks of a boundary tile, in the layouts of a wgmma accumulator, and the wgmma
+helpers the backward kernels issue their products with (`accumulate`,
+`wgmma_products`)."""
 
 from __future__ import annotations
 

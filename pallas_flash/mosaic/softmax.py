@@ -1,7 +1,8 @@
 """The forward kernel's online softmax (FlashAttention-2, Sec. 3.1; forward.py) and its
 exp2: scores in base 2 with log2(e) folded into the scale, so a probability costs one
-FMA and one exp2, and an exp2 by a cubic on the FMA units (`exp2_poly`) for some of a
-tile's columns, where the SFU's exp2 would be the bottleneck (FA3's and FA4's trick)."""
+FMA and one exp2; and an exp2 by a cubic on the FMA units (`exp2_poly`) for some of a
+tile's columns, to take load off the SFU's exp2 (FlashAttention-4's trick;
+`MosaicConfig.poly_exp2_cols`, off: slower on the H200, config.py says by how much)."""
 
 from __future__ import annotations
 
