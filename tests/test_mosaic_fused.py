@@ -55,6 +55,25 @@ FUSED_ONE = MosaicBwdConfig(fused=True, consumers_dkv=1)
 FUSED_ROWS = MosaicBwdConfig(fused=True, block_q_dkv=128)
 
 
+# Head dim 64 with 64-row query tiles: each consumer 32 of the share's 64 columns, K, Q and
+# dS^T in share_halves' 64-byte swizzle (dq_part's third form). Half of FUSED_ROWS's
+# score tile and a 32-column share slice, the registers a consumer holds at head dim 64.
+FUSED_NARROW = MosaicBwdConfig(fused=True, block_q_dkv=64, share_halves=True)
+# ... and as it is timed against the pair (README, "The fused kernel at head dim 64 with
+# 64-row tiles"): from the pair's row, in FA3's order, step descriptors, two writer warps.
+NARROW_CANDIDATE = dataclasses.replace(
+    pair_mosaic_bwd_config(64),
+    q_do_in_registers=False,
+    fused=True,
+    block_q_dkv=64,
+    share_halves=True,
+    fa3_order=True,
+    step_descriptors=True,
+    writer_warp=True,
+    split_writer=True,
+)
+
+
 FUSED_CASES = [
     # A GQA group of 2, bottom-right causal with a ragged key length: masked, full and
     # skipped tiles, several visitors per query tile in both heads.
@@ -122,6 +141,36 @@ def _variant(config, variant: dict):
 @pytest.mark.parametrize("case,config", FUSED_CASES, ids=lambda x: getattr(x, "id", None))
 def test_interpret_fused_matches_reference(case, config, variant):
     _compare(case, _variant(config, variant), interpret=True, seed=_seed(case))
+
+
+NARROW_CASES = [
+    # Causal with a GQA group of 2 and a ragged key length.
+    Case(1, 200, 170, 2, 1, 64, BF16, causal=True, kv_lens=(150,)),
+    # Packed documents, two batch elements, T != S.
+    Case(
+        2,
+        130,
+        200,
+        2,
+        2,
+        64,
+        F16,
+        segments=(packed([(50, 90), (130,)], 130), packed([(70, 150), (200,)], 200)),
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize(
+    "writers",
+    [{}, {"writer_warp": True, "split_writer": True}],
+    ids=["writer-warpgroup", "writer-warps"],
+)
+@pytest.mark.parametrize("case", NARROW_CASES, ids=lambda c: c.id)
+def test_interpret_fused_narrow_share_matches_reference(case, writers):
+    """FUSED_NARROW (head dim 64, 64-row query tiles, the share's columns split 32 and 32)
+    against the reference, with the writer as a warpgroup or as two warps."""
+    _compare(case, dataclasses.replace(FUSED_NARROW, **writers), interpret=True, seed=_seed(case))
 
 
 @pytest.mark.extended
@@ -306,8 +355,8 @@ def test_fused_config_validation():
         MosaicBwdConfig(fused=True, split_writer=True)
     with pytest.raises(ValueError, match="split_writer .* not chained_share"):
         MosaicBwdConfig(fused=True, writer_warp=True, chained_share=True, split_writer=True)
-    with pytest.raises(ValueError, match="block_q_dkv a multiple of 128"):
-        FUSED.dq_part(64)  # 32 columns each: not a swizzle's 64
+    with pytest.raises(ValueError, match="block_q_dkv a multiple of 128, not 64 .or share_halves"):
+        FUSED.dq_part(64)  # 32 columns each: not the 128-byte swizzle's 64
     assert FUSED.dq_part(128) == (64, 64)
     assert MosaicBwdConfig(fused=True, block_q_dkv=128).dq_part(64) == (64, 64)  # rows
     assert FUSED_ONE.dq_part(64) == (64, 64)
@@ -334,7 +383,11 @@ def test_fused_config_validation():
     with pytest.raises(ValueError, match="writer_warp .* needs fused=True"):
         MosaicBwdConfig(writer_warp=True)
     halves = dataclasses.replace(FUSED, share_halves=True)
-    assert (FUSED.share_pieces, halves.share_pieces) == (1, 2)
+    assert (FUSED.share_pieces(128), halves.share_pieces(128)) == (1, 2)
+    # Head dim 64 with 64-row tiles: in the narrow swizzle, a 32-column slice, one piece.
+    assert (halves.dq_part(64), halves.share_pieces(64)) == ((64, 32), 1)
+    rows_halves = dataclasses.replace(FUSED_ROWS, share_halves=True)  # rows first
+    assert (rows_halves.dq_part(64), rows_halves.share_pieces(64)) == ((64, 64), 2)
     for kwargs in ({}, {"fused": True, "consumers_dkv": 1}, {"fused": True, "query_rows": True},
                    {"fused": True, "share_halves": True}):  # fmt: skip
         with pytest.raises(ValueError, match="chained_share .* needs fused=True"):
@@ -447,6 +500,16 @@ def test_gpu_fused_split_writer_changes_no_bit(case):
     _flag_changes_no_bit(
         case, fused_full_bwd_config(case.head_dim), "split_writer", interpret=False
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "case", [c for c in GPU_CASES if padded_head_dim(c.head_dim) == 64], ids=lambda c: c.id
+)
+def test_gpu_fused_narrow_share_matches_reference(case):
+    """The head-dim-64 candidate with 64-row query tiles (NARROW_CANDIDATE), compiled as
+    it is timed, within the reference's tolerance."""
+    _compare(case, NARROW_CANDIDATE, interpret=False, seed=_seed(case))
 
 
 @pytest.mark.gpu

@@ -26,7 +26,7 @@ from pallas_flash.mosaic.bwd_config import (
 from pallas_flash.mosaic.config import default_mosaic_config
 from tests.test_mosaic import _overlapped
 from tests.test_mosaic_backward import _with_operands, _with_two_dq_warpgroups
-from tests.test_mosaic_fused import FUSED, FUSED_ONE, FUSED_ROWS
+from tests.test_mosaic_fused import FUSED, FUSED_NARROW, FUSED_ONE, FUSED_ROWS, NARROW_CANDIDATE
 
 pytestmark = pytest.mark.mosaic  # the GPU run takes these in a step of their own
 
@@ -455,6 +455,10 @@ FUSED_LOWERINGS = {
         )
         for name, flag in (("chained", "chained_share"), ("halves", "share_halves"))
     },
+    # Head dim 64 with 64-row query tiles, the share's columns split (FUSED_NARROW), as
+    # it is timed (NARROW_CANDIDATE).
+    "h64-narrow-share-segments": (64, FUSED_NARROW, True),
+    "h64-narrow-share-candidate": (64, NARROW_CANDIDATE, False),
 }
 
 

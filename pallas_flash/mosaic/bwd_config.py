@@ -242,7 +242,13 @@ class MosaicBwdConfig:
       backward 433.3 / 408.3 TFLOP/s at 8k against 442.1 / 397.5 without the two
       (0.98x / 1.03x; the pair 460.1 / 445.5, cuDNN 509.5 / 473.1); 6 of the 25
       compiled reference rows ran, and passed. Off: the serialization was not what
-      held the fused kernel back (README, "Half shares").
+      held the fused kernel back (README, "Half shares"); the default at head dim 128
+      non-causal takes it with the two writer warps (fused_full_bwd_config). At head
+      dim 64 with 64-row query tiles (block_q_dkv=64) the narrow swizzle lets the
+      consumers split the share's columns, 32 each (one piece; `dq_part`), where
+      without it they need 128-row tiles and split the rows: half the score tiles'
+      registers. Lowered for sm_90 and checked in GPU interpret mode (12-04), not yet
+      compiled (README, "A narrow share at head dim 64").
     writer_warp: fused: the ordered dQ adds (dq_adds.writer) run in one warp of the
       producer's warpgroup, beside the loads in another, instead of in a fourth
       warpgroup: three warpgroups as in FA3's backward, so each consumer gets 240
@@ -414,21 +420,26 @@ class MosaicBwdConfig:
     def dq_part(self, head_dim: int) -> tuple[int, int]:
         """(rows, columns) of the fused dQ share one consumer computes: the head-dim
         columns split between the consumers where each slice stays a multiple of 64
-        (the 128-byte swizzle of K's tiles), else the query rows (wgmma's M is 64)."""
+        (the 128-byte swizzle of K's tiles), else the query rows (wgmma's M is 64), else,
+        with share_halves (K's tiles in the 64-byte swizzle), the columns in slices of
+        32 (head dim 64 with 64-row query tiles)."""
         c, bq = self.consumers_dkv, self.block_q_dkv
         if head_dim % (64 * c) == 0:
             return bq, head_dim // c
         if bq % (64 * c) == 0:
             return bq // c, head_dim
+        if self.share_halves and head_dim % (32 * c) == 0:
+            return bq, head_dim // c
         raise ValueError(
             f"fused at head dim {head_dim} with {c} consumers needs block_q_dkv a multiple "
-            f"of {64 * c}, not {bq}"
+            f"of {64 * c}, not {bq} (or share_halves, whose 32-column slices need a head dim "
+            f"a multiple of {32 * c})"
         )
 
-    @property
-    def share_pieces(self) -> int:
-        """Column pieces a consumer's dQ share is computed in, one after another."""
-        return 2 if self.share_halves else 1
+    def share_pieces(self, head_dim: int) -> int:
+        """Column pieces a consumer's dQ share is computed in, one after another: with
+        share_halves, its slice's 32-column pieces (two of a 64-column slice)."""
+        return self.dq_part(head_dim)[1] // 32 if self.share_halves else 1
 
     @property
     def key_tiles_dkv(self) -> int:

@@ -184,7 +184,7 @@ def dkdv_kernel(
         lax.fori_loop(jnp.maximum(0, steps - stages), steps, drain, None)
 
     part = config.dq_part(k_smem.shape[-1]) if config.fused else None  # a consumer's dQ slice
-    pieces = config.share_pieces
+    pieces = config.share_pieces(k_smem.shape[-1]) if config.fused else 1
     writer = None
     if config.fused:
         writer = functools.partial(
