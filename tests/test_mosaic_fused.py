@@ -59,8 +59,8 @@ FUSED_ROWS = MosaicBwdConfig(fused=True, block_q_dkv=128)
 # dS^T in share_halves' 64-byte swizzle (dq_part's third form). Half of FUSED_ROWS's
 # score tile and a 32-column share slice, the registers a consumer holds at head dim 64.
 FUSED_NARROW = MosaicBwdConfig(fused=True, block_q_dkv=64, share_halves=True)
-# ... and as it is timed against the pair (README, "The fused kernel at head dim 64 with
-# 64-row tiles"): from the pair's row, in FA3's order, step descriptors, two writer warps.
+# ... and as it is timed against the pair (README, "A narrow share at head dim 64"): from
+# the pair's row, in FA3's order, with step descriptors and two writer warps.
 NARROW_CANDIDATE = dataclasses.replace(
     pair_mosaic_bwd_config(64),
     q_do_in_registers=False,
