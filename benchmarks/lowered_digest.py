@@ -27,10 +27,8 @@ import re
 import jax
 import jax.numpy as jnp
 
-from benchmarks.lowered_ops import _kernel_modules, module_text
+from benchmarks.lowered_ops import _kernel_modules, lower_backward, lower_forward, module_text
 from pallas_flash import masks
-from pallas_flash.mosaic import backward as mosaic_backward
-from pallas_flash.mosaic import forward as mosaic_forward
 from pallas_flash.mosaic.bwd_config import (
     MosaicBwdConfig,
     default_mosaic_bwd_config,
@@ -54,40 +52,26 @@ _MODULE_ATTR = re.compile(r'(module|kernel_hash) = "(?:[^"\\]|\\.)*"')
 _DUMP_NAME = re.compile(r'mosaic_gpu.dump_basename = "[^"]*"')
 
 
-def _lower(fn, q, kv, spec: masks.MaskSpec, *extra) -> str:
-    """A hash of `fn`'s program lowered for CUDA and of its kernels' modules."""
-    lens = jax.ShapeDtypeStruct((q.shape[0],), jnp.int32)
-    ids = [jax.ShapeDtypeStruct(x.shape[:2], jnp.int32) for x in (q, kv)] if spec.segments else []
-    lowered = jax.jit(fn).trace(q, kv, kv, *extra, lens, lens, *ids)
-    lowered = lowered.lower(lowering_platforms=("cuda",))
+def _digest(lowered) -> str:
+    """A hash of a lowered program's text and of its kernels' modules."""
     digest = hashlib.sha256(_MODULE_ATTR.sub(r"\1", lowered.as_text()).encode())
     for module in _kernel_modules(lowered.compiler_ir()):
         digest.update(_DUMP_NAME.sub("", module_text(module)).encode())
     return digest.hexdigest()[:16]
 
 
-def forward_digest(config: MosaicConfig, spec: masks.MaskSpec, head_dim: int, seq: int) -> str:
-    def f(q, k, v, q_len, kv_len, *ids):
-        return mosaic_forward.forward(
-            q, k, v, q_len, kv_len, ids or None, spec=spec, scale=0.1, config=config
-        )
-
+def _shapes(head_dim: int, seq: int):
+    """GQA (4 query heads on 2), T != S and neither a whole number of tiles."""
     q = jax.ShapeDtypeStruct((2, seq + 44, 4, head_dim), jnp.bfloat16)
-    kv = jax.ShapeDtypeStruct((2, seq + 1, 2, head_dim), jnp.bfloat16)
-    return _lower(f, q, kv, spec)
+    return q, jax.ShapeDtypeStruct((2, seq + 1, 2, head_dim), jnp.bfloat16)
+
+
+def forward_digest(config: MosaicConfig, spec: masks.MaskSpec, head_dim: int, seq: int) -> str:
+    return _digest(lower_forward(config, spec, *_shapes(head_dim, seq)))
 
 
 def backward_digest(config: MosaicBwdConfig, spec: masks.MaskSpec, head_dim: int, seq: int) -> str:
-    def f(q, k, v, o, lse, do, q_len, kv_len, *ids):
-        return mosaic_backward.backward(
-            q, k, v, o, lse, do, None, q_len, kv_len, ids or None, spec=spec, scale=0.1,
-            config=config,
-        )[:3]  # fmt: skip
-
-    q = jax.ShapeDtypeStruct((2, seq + 44, 4, head_dim), jnp.bfloat16)
-    kv = jax.ShapeDtypeStruct((2, seq + 1, 2, head_dim), jnp.bfloat16)
-    lse = jax.ShapeDtypeStruct((2, 4, seq + 44), jnp.float32)
-    return _lower(f, q, kv, spec, q, lse, q)
+    return _digest(lower_backward(config, spec, *_shapes(head_dim, seq)))
 
 
 def flips(config) -> list[tuple[str, object]]:

@@ -176,31 +176,52 @@ def _modules(fn, *shapes) -> list[bytes]:
     return _kernel_modules(lowered.compiler_ir())
 
 
+def _lower(fn, spec: masks.MaskSpec, q, kv, *extra):
+    """fn(q, k, v, *extra, q_len, kv_len, *segment ids) lowered for CUDA: ragged lengths
+    [B], and the query and key ids [B, T] / [B, S] where `spec` has segments."""
+    lens = jax.ShapeDtypeStruct((q.shape[0],), jnp.int32)
+    ids = [jax.ShapeDtypeStruct(x.shape[:2], jnp.int32) for x in (q, kv)] if spec.segments else []
+    return (
+        jax.jit(fn).trace(q, kv, kv, *extra, lens, lens, *ids).lower(lowering_platforms=("cuda",))
+    )
+
+
+def lower_forward(config: MosaicConfig, spec: masks.MaskSpec, q, kv):
+    """The forward lowered for sm_90 on CPU (a jax.stages.Lowered), for q [B, T, N, H] and
+    k, v [B, S, K, H] given as ShapeDtypeStructs."""
+
+    def f(q, k, v, q_len, kv_len, *ids):
+        return mosaic_forward.forward(
+            q, k, v, q_len, kv_len, ids or None, spec=spec, scale=0.1, config=config,
+            interpret=False,
+        )  # fmt: skip
+
+    return _lower(f, spec, q, kv)
+
+
+def lower_backward(config: MosaicBwdConfig, spec: masks.MaskSpec, q, kv):
+    """The backward (dq, dk, dv) lowered for sm_90 on CPU, as `lower_forward`."""
+
+    def f(q, k, v, o, lse, do, q_len, kv_len, *ids):
+        return mosaic_backward.backward(
+            q, k, v, o, lse, do, None, q_len, kv_len, ids or None, spec=spec, scale=0.1,
+            config=config,
+        )[:3]  # fmt: skip
+
+    lse = jax.ShapeDtypeStruct((q.shape[0], q.shape[2], q.shape[1]), jnp.float32)
+    return _lower(f, spec, q, kv, q, lse, q)
+
+
 def forward_modules(config: MosaicConfig, spec: masks.MaskSpec, head_dim: int, seq: int):
     """The forward kernel's module, lowered for sm_90 with `config`."""
-
-    def f(q, k, v, q_len, kv_len):
-        return mosaic_forward.forward(
-            q, k, v, q_len, kv_len, spec=spec, scale=0.1, config=config, interpret=False
-        )
-
     q = jax.ShapeDtypeStruct((1, seq, 2, head_dim), jnp.bfloat16)
-    lens = jax.ShapeDtypeStruct((1,), jnp.int32)
-    return _modules(f, q, q, q, lens, lens)
+    return _kernel_modules(lower_forward(config, spec, q, q).compiler_ir())
 
 
 def backward_modules(config: MosaicBwdConfig, spec: masks.MaskSpec, head_dim: int, seq: int):
     """The backward kernels' modules (dK/dV and dQ, or the fused one) for sm_90."""
-
-    def f(q, k, v, o, lse, do, q_len, kv_len):
-        return mosaic_backward.backward(
-            q, k, v, o, lse, do, None, q_len, kv_len, spec=spec, scale=0.1, config=config
-        )[:3]
-
     q = jax.ShapeDtypeStruct((1, seq, 2, head_dim), jnp.bfloat16)
-    lse = jax.ShapeDtypeStruct((1, 2, seq), jnp.float32)
-    lens = jax.ShapeDtypeStruct((1,), jnp.int32)
-    return _modules(f, q, q, q, q, lse, q, lens, lens)
+    return _kernel_modules(lower_backward(config, spec, q, q).compiler_ir())
 
 
 def step_ops(module_bytes: bytes) -> list[collections.Counter]:

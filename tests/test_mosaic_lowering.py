@@ -17,7 +17,6 @@ import pytest
 
 from pallas_flash import masks
 from pallas_flash.mosaic import backward as mosaic_backward
-from pallas_flash.mosaic import forward as mosaic_forward
 from pallas_flash.mosaic.bwd_config import (
     MosaicBwdConfig,
     default_mosaic_bwd_config,
@@ -31,6 +30,22 @@ from tests.test_mosaic_fused import FUSED, FUSED_NARROW, FUSED_ONE, FUSED_ROWS, 
 pytestmark = pytest.mark.mosaic  # the GPU run takes these in a step of their own
 
 BF16, F16 = jnp.bfloat16, jnp.float16
+
+
+def _lowered(head_dim: int, config, spec: masks.MaskSpec, dtype=BF16) -> str:
+    """The forward's (MosaicConfig) or backward's (MosaicBwdConfig) program lowered for
+    CUDA on CPU (sm_90's Mosaic GPU lowering), as text: GQA with T != S off the tiles,
+    ragged lengths, segment ids where `spec` has them."""
+    from benchmarks import lowered_ops
+
+    lower = (
+        lowered_ops.lower_backward
+        if isinstance(config, MosaicBwdConfig)
+        else lowered_ops.lower_forward
+    )
+    q = jax.ShapeDtypeStruct((2, 300, 4, head_dim), dtype)
+    kv = jax.ShapeDtypeStruct((2, 257, 2, head_dim), dtype)
+    return lower(config, spec, q, kv).as_text()
 
 
 def test_rescale_slack_lowers_for_hopper():
@@ -149,17 +164,7 @@ def test_compiled_kernel_lowers_for_hopper(
         named_turns=not overlap,  # the default's, where the schedule has turns to hand over
         rescale_slack=None if overlap else default_mosaic_config(head_dim).rescale_slack,
     )
-
-    def f(q, k, v, q_len, kv_len):
-        return mosaic_forward.forward(
-            q, k, v, q_len, kv_len, spec=spec, scale=0.1, config=config, interpret=False
-        )
-
-    q = jax.ShapeDtypeStruct((2, 300, 4, head_dim), dtype)
-    kv = jax.ShapeDtypeStruct((2, 257, 2, head_dim), dtype)
-    lens = jax.ShapeDtypeStruct((2,), jnp.int32)
-    lowered = jax.jit(f).trace(q, kv, kv, lens, lens).lower(lowering_platforms=("cuda",))
-    assert "mosaic_gpu" in lowered.as_text()
+    assert "mosaic_gpu" in _lowered(head_dim, config, spec, dtype)
 
 
 @pytest.mark.extended
@@ -236,39 +241,7 @@ def test_compiled_kernel_with_segment_ids_lowers_for_hopper(head_dim, schedule):
     elif schedule == "row-mask-window":
         spec = masks.MaskSpec(bottom_right=True, local_window=(100, 20), segments=True)
         config = dataclasses.replace(config, row_bound_mask=True)
-
-    def f(q, k, v, q_len, kv_len, q_seg, kv_seg):
-        return mosaic_forward.forward(
-            q, k, v, q_len, kv_len, (q_seg, kv_seg), spec=spec, scale=0.1, config=config
-        )
-
-    q = jax.ShapeDtypeStruct((2, 300, 4, head_dim), BF16)
-    kv = jax.ShapeDtypeStruct((2, 257, 2, head_dim), BF16)
-    lens = jax.ShapeDtypeStruct((2,), jnp.int32)
-    ids_q, ids_kv = (jax.ShapeDtypeStruct((2, n), jnp.int32) for n in (300, 257))
-    traced = jax.jit(f).trace(q, kv, kv, lens, lens, ids_q, ids_kv)
-    assert "mosaic_gpu" in traced.lower(lowering_platforms=("cuda",)).as_text()
-
-
-def _lowered_backward(
-    head_dim: int, config: MosaicBwdConfig, spec: masks.MaskSpec, dtype=BF16
-) -> str:
-    """The backward's module lowered for CUDA on CPU (sm_90's Mosaic GPU lowering): GQA
-    with T != S off the tiles, ragged lengths, segment ids where `spec` has them."""
-
-    def f(q, k, v, o, lse, do, q_len, kv_len, *ids):
-        return mosaic_backward.backward(
-            q, k, v, o, lse, do, None, q_len, kv_len, ids or None, spec=spec, scale=0.1,
-            config=config,
-        )[:3]  # fmt: skip
-
-    q = jax.ShapeDtypeStruct((2, 300, 4, head_dim), dtype)
-    kv = jax.ShapeDtypeStruct((2, 257, 2, head_dim), dtype)
-    lse = jax.ShapeDtypeStruct((2, 4, 300), jnp.float32)
-    lens = jax.ShapeDtypeStruct((2,), jnp.int32)
-    ids = [jax.ShapeDtypeStruct((2, n), jnp.int32) for n in (300, 257)] if spec.segments else []
-    traced = jax.jit(f).trace(q, kv, kv, q, lse, q, lens, lens, *ids)
-    return traced.lower(lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" in _lowered(head_dim, config, spec)
 
 
 BACKWARD_LOWERINGS = {
@@ -314,7 +287,7 @@ def test_compiled_kernels_lower_for_hopper(head_dim, dtype, spec, in_registers):
                 mosaic_backward.check_fits(config, head_dim)
             return
 
-    text = _lowered_backward(head_dim, config, spec, dtype)
+    text = _lowered(head_dim, config, spec, dtype)
     for name in ("pallas_flash_mosaic_bwd_dkdv", "pallas_flash_mosaic_bwd_dq"):
         assert name in text
 
@@ -324,7 +297,7 @@ def test_compiled_kernels_with_segment_ids_lower_for_hopper(head_dim):
     """Segment ids in both backward kernels, operands in registers: the ids' TMA copies,
     barriers and row/column layouts lower for sm_90 (the dK/dV split at 256 included)."""
     spec = masks.MaskSpec(causal=True, segments=True)
-    text = _lowered_backward(head_dim, pair_mosaic_bwd_config(head_dim), spec)
+    text = _lowered(head_dim, pair_mosaic_bwd_config(head_dim), spec)
     for name in ("pallas_flash_mosaic_bwd_dkdv", "pallas_flash_mosaic_bwd_dq"):
         assert name in text
 
@@ -339,7 +312,7 @@ def test_row_bound_mask_lowers_for_hopper(spec, fused):
         spec = masks.MaskSpec(causal=True, segments=True)
     config = FUSED_ROWS if fused else pair_mosaic_bwd_config(64)
     config = dataclasses.replace(config, row_bound_mask=True)
-    text = _lowered_backward(64, config, spec)
+    text = _lowered(64, config, spec)
     names = (
         ["pallas_flash_mosaic_bwd_fused"]
         if fused
@@ -471,7 +444,7 @@ def test_fused_kernel_lowers_for_hopper(head_dim, config, with_segments):
     has: the fourth warpgroup, the global semaphores and their waits and signals, the
     TMA reduce-adds and the dS^T / dQ-share exchange; and no dQ kernel is left."""
     spec = masks.MaskSpec(causal=True, bottom_right=True, segments=with_segments)
-    text = _lowered_backward(head_dim, config, spec)
+    text = _lowered(head_dim, config, spec)
     assert "pallas_flash_mosaic_bwd_fused" in text
     assert "pallas_flash_mosaic_bwd_dq" not in text and "pallas_flash_mosaic_bwd_dkdv" not in text
 
@@ -485,6 +458,6 @@ def test_default_fused_backward_lowers_for_hopper(head_dim, segments):
     kernel."""
     config = default_mosaic_bwd_config(head_dim, False)
     assert config.fused and config.fa3_order and config.split_writer
-    text = _lowered_backward(head_dim, config, masks.MaskSpec(segments=segments))
+    text = _lowered(head_dim, config, masks.MaskSpec(segments=segments))
     assert "pallas_flash_mosaic_bwd_fused" in text
     assert "pallas_flash_mosaic_bwd_dq" not in text
