@@ -5,7 +5,7 @@ PYTHON ?= $(shell ./scripts/find_python.sh)
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: test test-all venv lint gpu-test clean demo data
+.PHONY: test test-sm90 test-all venv venv-sm90 lint gpu-test clean demo data
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), f"need Python >= 3.12, got {sys.version}"'
@@ -18,11 +18,33 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 venv: $(VENV)/.installed
 
+# Compiling for the H200 without a GPU (benchmarks/deviceless.py: ptxas's registers,
+# spills and serialized wgmmas, PTX and SASS of every kernel, on this machine): the
+# project with JAX's CUDA plugin and nvdisasm but no CUDA libraries, so nothing runs on
+# a GPU. Apart from $(VENV): CPU tests run without a GPU plugin (tests/conftest.py).
+VENV_SM90 ?= .venv-sm90
+
+$(VENV_SM90)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV_SM90)
+	$(VENV_SM90)/bin/pip install -q --upgrade pip
+	$(VENV_SM90)/bin/pip install -q -e '.[dev]' 'jax-cuda13-plugin==0.11.2' \
+	  'nvidia-cuda-nvdisasm==13.5.37'
+	touch $@
+
+venv-sm90: $(VENV_SM90)/.installed
+
 # CI's tier: everything but the tests marked `extended` (pyproject.toml), which CI's
 # 15 minutes on two cores do not hold (the whole CPU suite took 22.5 minutes at 536c0ce).
 test: venv
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -n 2 -q -m "not extended"
+	$(MAKE) test-sm90
+
+# The kernels compiled for the H200 without a GPU (tests/test_deviceless.py), in the
+# environment with JAX's CUDA plugin; the CPU suite above skips them.
+test-sm90: venv-sm90
+	JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 \
+	  $(VENV_SM90)/bin/python -m pytest -n 2 -q -m sm90 tests/test_deviceless.py
 
 # The whole CPU suite, the extended tier included.
 test-all: venv
@@ -57,4 +79,4 @@ gpu-test:
 	  -p no:benchmark -n 4
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VENV_SM90) .pytest_cache

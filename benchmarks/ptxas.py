@@ -1,7 +1,10 @@
-"""Registers and spills of each Mosaic GPU kernel, as ptxas reports them (on the GPU).
+"""Registers and spills of each Mosaic GPU kernel, as ptxas reports them (on the GPU, or
+for the H200 without one).
 
     python -m benchmarks.ptxas --impls pallas_flash:mosaic,pallas_flash:mosaic-fused \
         --head-dims 64,128 --out F.jsonl
+    .venv-sm90/bin/python -m benchmarks.ptxas --deviceless --impls pallas_flash:mosaic \
+        --sass FOLDER     # on a machine without a GPU (make venv-sm90)
 
 For each implementation (a bench name, config variants included:
 `pallas_flash:mosaic/persistent=true`), head dim and causal flag, a child process
@@ -28,6 +31,11 @@ where that printed none (on the H200 machine at 336cd0b: no nvdisasm there), the
 kernels' PTX (MOSAIC_GPU_DUMP_PTX=1) assembled and disassembled here with the first
 ptxas and nvdisasm found on PATH, in the CUDA wheels or in Triton's bundled tools
 (`cuda_tool`).
+
+With --deviceless each child compiles the same program for the H200 on this machine
+(benchmarks/deviceless.py: a compile-only device from JAX's CUDA plugin) instead of
+compiling and running it on a GPU: the same ptxas, the same report (on 2b60086's fused
+backward the H200's spill bytes exactly), a few seconds a child, no device time.
 """
 
 from __future__ import annotations
@@ -388,17 +396,25 @@ def print_kernels(kernels: list[dict]) -> None:
         print_steps(kern.get("loops"))
 
 
-def child(impl_name: str, head_dim: int, causal: bool) -> None:
+def child(impl_name: str, head_dim: int, causal: bool, deviceless: bool = False) -> None:
+    """Compiles (on the GPU: and runs) one forward + backward, for the parent to read
+    ptxas's report from this process's output; `deviceless`: for the H200, here."""
+    if deviceless:
+        from benchmarks import deviceless as compiler  # before JAX loads its CUDA plugin
     import jax
 
     jax.config.update("jax_enable_compilation_cache", False)  # ptxas must run
     from benchmarks import bench
     from benchmarks.impls import lookup
 
-    s = shape(head_dim, causal)
-    q, k, v, do, arrays, static = bench.make_inputs(s, s.dtype)
-    _, fwd_bwd = bench._bind(lookup(impl_name), s, static)
-    jax.block_until_ready(jax.jit(fwd_bwd)(q, k, v, do, arrays))
+    s, impl = shape(head_dim, causal), lookup(impl_name)
+    dtype = s.dtype if s.dtype in impl.dtypes else impl.dtypes[0]  # JAX's FA3: float16
+    q, k, v, do, arrays, static = bench.make_inputs(s, dtype)
+    _, fwd_bwd = bench._bind(impl, s, static)
+    if deviceless:
+        compiler.compile_on_h200(fwd_bwd, q, k, v, do, arrays)
+    else:
+        jax.block_until_ready(jax.jit(fwd_bwd)(q, k, v, do, arrays))
 
 
 def main(argv=None) -> int:
@@ -434,6 +450,12 @@ def main(argv=None) -> int:
         "wrote (or any PTX from LLVM's NVPTX back end) with the ptxas found here, and print "
         "each kernel's registers, spills and serialized-wgmma warnings",
     )
+    parser.add_argument(
+        "--deviceless",
+        action="store_true",
+        help="compile for the H200 here, without a GPU (benchmarks/deviceless.py; needs "
+        "JAX's CUDA plugin: `make venv-sm90`), rather than compile and run on this GPU",
+    )
     parser.add_argument("--child", nargs=3, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.read:
@@ -450,11 +472,19 @@ def main(argv=None) -> int:
         return 0
     if args.child:
         impl, head_dim, causal = args.child
-        child(impl, int(head_dim), causal == "true")
+        child(impl, int(head_dim), causal == "true", deviceless=args.deviceless)
         return 0
     env = dict(os.environ, MOSAIC_GPU_DUMP_PTXAS="1")
-    if args.sass:
-        env.update(MOSAIC_GPU_DUMP_SASS="1", MOSAIC_GPU_DUMP_PTX="1")
+    if args.deviceless:
+        from benchmarks import deviceless
+
+        if (reason := deviceless.available()) is not None:
+            parser.error(f"--deviceless: {reason}")
+        env.update(deviceless.ENV)
+    if args.sass:  # deviceless: no nvdisasm where Mosaic GPU looks, so from the PTX here
+        env.update(MOSAIC_GPU_DUMP_PTX="1")
+        if not args.deviceless:
+            env.update(MOSAIC_GPU_DUMP_SASS="1")
         os.makedirs(args.sass, exist_ok=True)
     if args.ptx:
         env.update(MOSAIC_GPU_DUMP_PTX="1")
@@ -463,7 +493,7 @@ def main(argv=None) -> int:
         for head_dim in map(int, args.head_dims.split(",")):
             for causal in args.causal.split(","):
                 cmd = [sys.executable, "-m", "benchmarks.ptxas", "--child", impl]
-                cmd += [str(head_dim), causal]
+                cmd += [str(head_dim), causal] + ["--deviceless"] * args.deviceless
                 row = dict(impl=impl, **shape(head_dim, causal == "true").row(), error=None)
                 try:
                     proc = subprocess.run(
