@@ -43,7 +43,11 @@ PLUGIN = "jax_plugins.xla_cuda13"
 
 def available() -> str | None:
     """None if this Python can compile for the H200, else why not."""
-    if importlib.util.find_spec(PLUGIN) is None:
+    try:
+        found = importlib.util.find_spec(PLUGIN) is not None
+    except ModuleNotFoundError:  # not even the namespace package jax_plugins
+        found = False
+    if not found:
         return f"no {PLUGIN} (JAX's CUDA plugin) in this Python: `make venv-sm90` makes one"
     return None
 

@@ -291,6 +291,38 @@ def read(path: str) -> None:
         print_steps(loops[fn])
 
 
+def summary(path: str) -> None:
+    """The rows of a --out FILE.jsonl written with --sass, a few lines each: per kernel its
+    spill bytes (stored / loaded), whether ptxas serialized its wgmmas, its wgmmas and the
+    groups they issue in, and its steps with wgmmas in them (innermost loops, in address
+    order: a warp-specialised kernel has one per consumer and mask variant) as
+    instructions (int, float, local): what a step issues beside its matmuls, the thing to
+    shrink where a kernel is bound by issue slots rather than its tensor cores."""
+    with open(path) as f:
+        rows = [json.loads(line) for line in f]
+    for row in rows:
+        print(f"== {row['impl']} h{row['head_dim']} causal={row['causal']} {row['error'] or ''}")
+        for kern in row["kernels"]:
+            groups = kern.get("wgmma_groups") or {}
+            steps = [
+                lp for lp in kern.get("loops") or [] if lp["innermost"] and lp["mix"].get("wgmma")
+            ]
+            name = kern["kernel"].removesuffix("_mosaic_gpu_kernel")
+            print(
+                f"  {name}: spills {kern['spill_store_bytes']} / "
+                f"{kern['spill_load_bytes']} B, serialized {'yes' if kern['warnings'] else 'no'}, "
+                f"wgmmas {groups.get('wgmmas')} in {groups.get('groups')} groups"
+            )
+            print(
+                "    steps: "
+                + ", ".join(
+                    f"{lp['instructions']} ({lp['mix'].get('int', 0)}, "
+                    f"{lp['mix'].get('float', 0)}, {lp['mix'].get('local', 0)})"
+                    for lp in steps
+                )
+            )
+
+
 def shape(head_dim: int, causal: bool):
     from benchmarks import suites
 
@@ -456,10 +488,21 @@ def main(argv=None) -> int:
         help="compile for the H200 here, without a GPU (benchmarks/deviceless.py; needs "
         "JAX's CUDA plugin: `make venv-sm90`), rather than compile and run on this GPU",
     )
+    parser.add_argument(
+        "--summary",
+        default=None,
+        metavar="JSONL",
+        help="no compiling: print a --out file's rows (written with --sass) a few lines "
+        "each: spills, serialization, wgmma groups, and each step's instructions as "
+        "total (int, float, local)",
+    )
     parser.add_argument("--child", nargs=3, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.read:
         read(args.read)
+        return 0
+    if args.summary:
+        summary(args.summary)
         return 0
     if args.assemble:
         with open(args.assemble) as f:

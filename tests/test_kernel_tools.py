@@ -266,6 +266,36 @@ def test_ptxas_stack_traffic_of_a_step(tmp_path, capsys):
     assert "'to_uniform': 1, 'fixed_slots': 2" in capsys.readouterr().out
 
 
+def test_ptxas_summary_of_a_written_row(tmp_path, capsys):
+    """--summary reads back what --out wrote with --sass: spills, serialization, groups,
+    and only the steps with wgmmas (innermost loops), as total (int, float, local)."""
+    import json
+
+    from benchmarks import ptxas
+
+    step = dict(innermost=True, instructions=438, mix=dict(int=161, float=144, wgmma=36))
+    outer = dict(innermost=False, instructions=4000, mix=dict(int=2000, wgmma=216))
+    wait = dict(innermost=True, instructions=56, mix=dict(int=39, sync=4))
+    kernel = dict(
+        kernel="pallas_flash_mosaic_bwd_fused_mosaic_gpu_kernel",
+        spill_store_bytes=8,
+        spill_load_bytes=12,
+        warnings=["ptxas info : (C7512) Potential Performance Loss: ..."],
+        wgmma_groups=dict(wgmmas=144, groups=144),
+        loops=[outer, wait, step],
+    )
+    row = dict(impl="pallas_flash:mosaic", head_dim=64, causal=False, error=None)
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(dict(row, kernels=[kernel])) + "\n")
+    assert ptxas.main(["--summary", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("== pallas_flash:mosaic h64 causal=False")
+    assert out[1] == (
+        "  pallas_flash_mosaic_bwd_fused: spills 8 / 12 B, serialized yes, wgmmas 144 in 144 groups"
+    )
+    assert out[2] == "    steps: 438 (161, 144, 0)"
+
+
 def test_ptxas_sass_from_dumped_ptx(tmp_path, monkeypatch):
     """Where Mosaic GPU prints no SASS, the PTX it printed is cut into modules and run
     through ptxas and nvdisasm found here (fakes on PATH that record their arguments)."""
