@@ -326,8 +326,7 @@ def bound_mask(spec: masks.MaskSpec, queries, keys, first_key, kv_len, diag, que
     `query_dim`. Equal to `masks.tile_mask` without segment ids (tests/test_masks.py),
     but with one compare per element (two with a window's start), the bounds worked out
     once per query. Only where a bound depends on the query (`masks.has_row_bounds`):
-    without one, `tile_mask` has the key-length compare alone, and for this form
-    Mosaic GPU's layout inference found no solution (on the H200 and lowered on CPU)."""
+    without one, `element_mask` compares the key iota with the key length directly."""
     lo, hi = masks.row_bounds(spec, queries, kv_len, diag)
 
     def per_query(bound):  # [n] -> keys.shape, relative to the tile's first key
@@ -356,11 +355,18 @@ def element_mask(
     """A boundary tile's element mask, for the forward and both backward kernels: the
     queries run along `query_dim` from the absolute position `first_query`, `keys` is
     the tile's key iota (wgmma layout) counted from the absolute key `first_key`, and
-    `segs` is None or the (query ids, key ids) pair broadcast to the tile. With
-    `row_bound` (the configs' `row_bound_mask`) and a bound that depends on the query,
-    `bound_mask`'s one or two compares per element; otherwise `masks.tile_mask`."""
+    `segs` is None or the (query ids, key ids) pair broadcast to the tile. Where no bound
+    depends on the query, the key length alone, one compare per element; with
+    `row_bound` (the configs' `row_bound_mask`), `bound_mask`'s one or two compares per
+    element; otherwise `masks.tile_mask`."""
     shape = keys.shape
-    if row_bound and masks.has_row_bounds(spec):
+    if not masks.has_row_bounds(spec):
+        # The key length alone (no causal mask, no window): the tile's first key moves to
+        # the bound, one compare per element against a scalar, where `first_key + keys`
+        # cost an add per element and the key iota was rebuilt from the thread index.
+        keep = keys < kv_len - first_key
+        return keep if segs is None else keep & (segs[0] == segs[1])
+    if row_bound:
         layout = ROW if query_dim == 0 else COL
         queries = first_query + plgpu.broadcasted_iota(
             jnp.int32, (shape[query_dim],), 0, layout=layout
