@@ -94,10 +94,12 @@ for step in "$@"; do
            echo "pytest rc=$?"; tail -2 "$OUT/gpu-$step.log" ;;
     # Ours alone, where the peers add nothing to what is measured (issue 4's overheads);
     # masks-ours:LABELS / paper-ours:LABELS keep those mask labels only (env BENCH_BUDGET:
-    # seconds before no new shape starts, default 240).
+    # seconds before no new shape starts, default 240; OURS_IMPLS: the implementations,
+    # default our Triton path, e.g. pallas_flash:mosaic,jax.nn:cudnn).
     masks-ours*|paper-ours*) suite=${step%%-ours*}; labels=${step#*-ours}; labels=${labels#:}
              budget=${BENCH_BUDGET:-240}; timeout $((budget + 60)) python3 -m benchmarks.bench \
-             --suite "$suite" --commit "$commit" --run-id "$run_id" --impls pallas_flash:triton \
+             --suite "$suite" --commit "$commit" --run-id "$run_id" \
+             --impls "${OURS_IMPLS:-pallas_flash:triton}" \
              ${labels:+--masks "$labels"} --time-budget "$budget" --out "$OUT/$suite.jsonl" ;;
     # mosaic-fa:HEAD_DIMS[:CAUSAL]: the Hopper kernels against the fastest peers, fa grid
     # (BENCH_PREROLL_S: seconds of untimed calls before each timed round, bench.Timed).
