@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from jax import lax
 
 from pallas_flash import configs, masks, vjp
 from pallas_flash.logits import Logits
@@ -251,3 +252,37 @@ def test_row_bounds_give_tile_mask(spec):
         if lo is not None:
             got = got & (cols >= lo)
         np.testing.assert_array_equal(got, jnp.broadcast_to(want, got.shape))
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        masks.MaskSpec(causal=True),
+        masks.MaskSpec(causal=True, bottom_right=True),
+        masks.MaskSpec(local_window=(5, 3)),
+        masks.MaskSpec(causal=True, local_window=(7, 0)),
+    ],
+    ids=["causal", "causal-br", "window", "causal-window"],
+)
+@pytest.mark.parametrize("query_dim", [0, 1])
+def test_bound_mask_gives_tile_mask(spec, query_dim):
+    """The Mosaic kernels' boundary-tile mask (pipeline.bound_mask: with the queries on the
+    rows, eight key columns at a time against each row's bounds less its first columns;
+    with the keys on the rows, each key against the bounds) keeps the element pairs
+    masks.tile_mask keeps: 16 queries against a 64-key tile at several offsets, with key
+    lengths that end before, inside and past it."""
+    from pallas_flash.mosaic import pipeline
+
+    bq, bk = 16, 64
+    for first_query, first_key in [(0, 0), (40, 32), (96, 64), (3, 128)]:
+        for q_len, kv_len in [(112, 200), (112, 70), (50, 0), (112, 110)]:
+            q_len, kv_len = jnp.int32(q_len), jnp.int32(kv_len)
+            diag = masks.offset(spec, q_len, kv_len) if spec.uses_offset else 0
+            queries = first_query + jnp.arange(bq)
+            rows, cols = queries[:, None], first_key + jnp.arange(bk)[None, :]
+            want = jnp.broadcast_to(masks.tile_mask(spec, rows, cols, kv_len, diag), (bq, bk))
+            shape = (bq, bk) if query_dim == 0 else (bk, bq)
+            keys = lax.broadcasted_iota(jnp.int32, shape, 1 - query_dim)
+            got = pipeline.bound_mask(spec, queries, keys, first_key, kv_len, diag, query_dim)
+            got = got if query_dim == 0 else got.T
+            np.testing.assert_array_equal(got, want, err_msg=f"{first_query=} {first_key=}")

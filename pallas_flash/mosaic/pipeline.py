@@ -335,10 +335,35 @@ def bound_mask(spec: masks.MaskSpec, queries, keys, first_key, kv_len, diag, que
             return bound
         return lax.broadcast_in_dim(bound, keys.shape, [query_dim])
 
+    if query_dim == 0 and jnp.ndim(hi) and keys.shape[1] > 8:
+        return _columns_within(keys, hi - first_key, None if lo is None else lo - first_key)
     keep = keys < per_query(hi)
     if lo is not None:
         keep = keep & (keys >= per_query(lo))
     return keep
+
+
+def _columns_within(keys, hi, lo=None):
+    """keys < hi (and keys >= lo) for `keys` the column iota of a [rows, k] tile (wgmma
+    layout) and per-row bounds `hi`, `lo` [rows], eight columns at a time: a thread's
+    columns 8j + c are its first eight's plus 8j, so each bound less those first columns
+    is worked out once (`rel`) and every element is one compare with the constant 8j.
+    Compared column by column, ptxas rebuilt each column's iota from the thread index
+    (five instructions before each compare)."""
+    first = keys[:, :8]
+
+    def rel(bound):  # [rows] -> [rows, 8]: the bound less the thread's first columns
+        return lax.broadcast_in_dim(bound, first.shape, [0]) - first
+
+    hi_rel = rel(hi)
+    lo_rel = None if lo is None else rel(lo)
+    blocks = []
+    for j in range(keys.shape[1] // 8):
+        keep = hi_rel > 8 * j  # first + 8j < hi
+        if lo_rel is not None:
+            keep = keep & (lo_rel <= 8 * j)  # first + 8j >= lo
+        blocks.append(keep)
+    return jnp.concatenate(blocks, axis=1)
 
 
 def element_mask(
