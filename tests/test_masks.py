@@ -264,13 +264,16 @@ def test_row_bounds_give_tile_mask(spec):
     ],
     ids=["causal", "causal-br", "window", "causal-window"],
 )
-@pytest.mark.parametrize("query_dim", [0, 1])
-def test_bound_mask_gives_tile_mask(spec, query_dim):
+@pytest.mark.parametrize(
+    "query_dim, column_blocks", [(0, True), (0, False), (1, True)], ids=["blocks", "rows", "keys"]
+)
+def test_bound_mask_gives_tile_mask(spec, query_dim, column_blocks):
     """The Mosaic kernels' boundary-tile mask (pipeline.bound_mask: with the queries on the
-    rows, eight key columns at a time against each row's bounds less its first columns;
-    with the keys on the rows, each key against the bounds) keeps the element pairs
-    masks.tile_mask keeps: 16 queries against a 64-key tile at several offsets, with key
-    lengths that end before, inside and past it."""
+    rows, eight key columns at a time against each row's bounds less its first columns
+    (`column_blocks`), or each column against the row's bounds; with the keys on the
+    rows, each key against the bounds) keeps the element pairs masks.tile_mask keeps:
+    16 queries against a 64-key tile at several offsets, with key lengths that end
+    before, inside and past it."""
     from pallas_flash.mosaic import pipeline
 
     bq, bk = 16, 64
@@ -283,6 +286,8 @@ def test_bound_mask_gives_tile_mask(spec, query_dim):
             want = jnp.broadcast_to(masks.tile_mask(spec, rows, cols, kv_len, diag), (bq, bk))
             shape = (bq, bk) if query_dim == 0 else (bk, bq)
             keys = lax.broadcasted_iota(jnp.int32, shape, 1 - query_dim)
-            got = pipeline.bound_mask(spec, queries, keys, first_key, kv_len, diag, query_dim)
+            got = pipeline.bound_mask(
+                spec, queries, keys, first_key, kv_len, diag, query_dim, column_blocks
+            )
             got = got if query_dim == 0 else got.T
             np.testing.assert_array_equal(got, want, err_msg=f"{first_query=} {first_key=}")

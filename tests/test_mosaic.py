@@ -402,6 +402,17 @@ def test_interpret_row_bound_mask_changes_no_bit(case):
 
 @pytest.mark.extended
 @pytest.mark.parametrize("case", [INTERPRET_CASES[i] for i in (1, 2, 4, 5, 10)], ids=lambda c: c.id)
+def test_interpret_column_blocks_changes_no_bit(case):
+    """`column_blocks` (row_bound_mask's compares eight key columns at a time) keeps the
+    same elements as comparing each column, so the outputs are equal bit for bit."""
+    on, off = (dataclasses.replace(SMALL, column_blocks=b) for b in (True, False))
+    chex.assert_trees_all_equal(
+        _mosaic(case, off, interpret=True, seed=2), _mosaic(case, on, True, seed=2)
+    )
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("case", [INTERPRET_CASES[i] for i in (1, 2, 4, 5, 10)], ids=lambda c: c.id)
 def test_interpret_kv_multicast_changes_no_bit(case):
     """`kv_multicast` (clusters of two CTAs sharing each K/V tile's load): each CTA walks
     the key range of both tiles' rows, so a tile may see key tiles its own rows mask out
@@ -632,6 +643,20 @@ def test_gpu_row_bound_mask_changes_no_bit(case):
     seed = seed_of(case)
     chex.assert_trees_all_equal(
         _mosaic(case, config, False, seed), _mosaic(case, rows, False, seed)
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_column_blocks_changes_no_bit(case):
+    """column_blocks compiled: the same element masks, so the same bits as the head dim's
+    row comparing each key column (the default, with blocks, is checked against the
+    reference above)."""
+    config = default_mosaic_config(case.head_dim)
+    each = dataclasses.replace(config, column_blocks=False)
+    seed = seed_of(case)
+    chex.assert_trees_all_equal(
+        _mosaic(case, each, False, seed), _mosaic(case, config, False, seed)
     )
 
 

@@ -225,6 +225,15 @@ def test_interpret_row_bound_mask_changes_no_bit(case):
     _flag_changes_no_bit(case, pair_mosaic_bwd_config(case.head_dim), "row_bound_mask", True)
 
 
+@pytest.mark.extended
+@pytest.mark.parametrize("case", ROW_BOUND_CASES, ids=lambda c: c.id)
+def test_interpret_column_blocks_changes_no_bit(case):
+    """`column_blocks` (the dQ kernel's bounds compared eight key columns at a time): the
+    same elements kept, so the same gradients."""
+    config = dataclasses.replace(pair_mosaic_bwd_config(case.head_dim), row_bound_mask=True)
+    _flag_changes_no_bit(case, config, "column_blocks", True)
+
+
 # The dK/dV split with P^T handed over: a GQA group with causal and ragged tiles, the
 # head-dim-256 case the split is for, and head dim 192 (the compiled case table has none).
 SHARE_PROBS_CASES = [
@@ -473,6 +482,14 @@ def test_gpu_row_bound_mask_changes_no_bit(case):
     """row_bound_mask compiled, both kernels: the same bits as the head dim's row with
     `masks.tile_mask` (and both within the reference's tolerance)."""
     _flag_changes_no_bit(case, pair_mosaic_bwd_config(case.head_dim), "row_bound_mask", False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_column_blocks_changes_no_bit(case):
+    """column_blocks compiled (the dQ kernel's masks eight key columns at a time): the
+    same bits as comparing each column (and both within the reference's tolerance)."""
+    _flag_changes_no_bit(case, pair_mosaic_bwd_config(case.head_dim), "column_blocks", False)
 
 
 @pytest.mark.gpu

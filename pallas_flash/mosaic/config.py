@@ -200,9 +200,10 @@ class MosaicConfig:
       once per row; pipeline.bound_mask) against the tile's column iota, one compare
       per element (two with a window's start), instead of `masks.tile_mask`'s
       absolute column index and up to three compares and their ands. Only where a
-      bound depends on the row (causal or a window); the key length alone keeps
-      `tile_mask`'s one compare. On: in the SASS at head dim 128 causal a masked
-      step has 606 instructions per warp against 746 with `tile_mask` (478 unmasked;
+      bound depends on the row (causal or a window); the key length alone is one
+      compare of the tile's own iota with kv_len less its first key (edbdafe). On: in
+      the SASS at head dim 128 causal a masked step has 606 instructions per warp
+      against 746 with `tile_mask` (478 unmasked;
       `results/mosaic-9f95796/ptxas.jsonl`; the prediction from 81df3c6's SASS was
       about 640), and beside it in one run (`results/mosaic-9f95796/fa-mosaic-*-true-
       rowbound.jsonl`, B x T = 16k, bf16, causal) the forward ran 1.03x at head dim
@@ -210,6 +211,17 @@ class MosaicConfig:
       at head dim 128 (where each score carries twice the matmul work), with
       the same bits over the compiled case table's causal rows
       (test_gpu_row_bound_mask_changes_no_bit).
+    column_blocks: with row_bound_mask, a boundary tile's compares eight key columns at
+      a time (pipeline._columns_within): each row's bounds less the thread's first
+      columns are worked out once, and each element is one compare with a constant;
+      off, each element's key column is compared with the row's bound, and for a tile
+      of more than 32 columns a thread ptxas rebuilt each column's iota from the thread
+      index (an S2R and four integer instructions before a compare). The same mask
+      (tests/test_masks.py). Compiled for the H200 without a GPU (README, "Compiled
+      here, for the H200"), the head-dim-64 causal forward's masked step at 4k keys
+      (256-key tiles) is 1,000 instructions against 1,184 and spills nothing (24 bytes
+      off); with 128-key tiles 4 more (565 against 561) and its unmasked step 6 fewer
+      at head dim 64 (430 against 436). On; not yet timed.
     q_register_cols: the first this many of Q's head-dim columns (a multiple of 64; 0:
       none) are loaded into registers once per query tile, and Q K^T takes them as its
       wgmma A operand from there, the rest from shared memory. A wgmma that reads both
@@ -357,6 +369,7 @@ class MosaicConfig:
     intra_overlap: bool = False
     persistent: bool = False
     row_bound_mask: bool = True
+    column_blocks: bool = True
     q_register_cols: int = 0
     kv_multicast: bool = False
     named_turns: bool = False

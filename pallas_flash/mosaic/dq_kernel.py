@@ -37,20 +37,23 @@ from pallas_flash.mosaic.pipeline import (
 def row_probs(s, lse2, c, *, masked: bool, mask_args, q_segs=None, k_seg_ref=None):
     """P = exp2(S c - lse2) [bq, bk] (float32) of scores S with the queries on the rows
     (the dQ kernels), zero where the mask drops an element when the tile is `masked`.
-    `mask_args` (spec, row_bound_mask, first row, (key tile index, keys a tile), kv_len,
-    diagonal offset) go to `element_mask`; with segment ids, `q_segs` [bq] are the rows'
+    `mask_args` (spec, the kernel's config, first row, (key tile index, keys a tile),
+    kv_len, diagonal offset) go to `element_mask`; with segment ids, `q_segs` [bq] are the rows'
     and `k_seg_ref` the key tile's ids in shared memory."""
     shape = s.shape
     p = jnp.exp2(s * c - bcast(lse2, shape, 0))
     if not masked:
         return p
-    spec, row_bound, q0, (j, bk), kv_len, diag = mask_args
+    spec, config, q0, (j, bk), kv_len, diag = mask_args
     keys = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
     segs = None
     if q_segs is not None:  # (query ids, key ids), both [bq, bk]
         k_segs = plgpu.load(k_seg_ref, layout=COL)  # [bk]
         segs = (bcast(q_segs, shape, 0), bcast(k_segs, shape, 1))
-    keep = element_mask(spec, row_bound, q0, keys, j * bk, kv_len, diag, 0, segs)
+    keep = element_mask(
+        spec, config.row_bound_mask, q0, keys, j * bk, kv_len, diag, 0, segs,
+        column_blocks=config.column_blocks,
+    )  # fmt: skip
     return jnp.where(keep, p, 0.0)
 
 
@@ -190,7 +193,7 @@ def dq_kernel(
                 lse2,
                 c,
                 masked=masked,
-                mask_args=(spec, config.row_bound_mask, q0, (j, bk), kv_len, diag),
+                mask_args=(spec, config, q0, (j, bk), kv_len, diag),
                 q_segs=q_segs,
                 k_seg_ref=None if q_segs is None else kv_seg_smem.at[slot],
             )
@@ -306,7 +309,7 @@ def split_dq_consumer(
             lse2,
             c,
             masked=masked,
-            mask_args=(spec, config.row_bound_mask, q0, (j, bk), kv_len, diag),
+            mask_args=(spec, config, q0, (j, bk), kv_len, diag),
             q_segs=q_segs,
             k_seg_ref=None if q_segs is None else kv_seg_smem.at[slot_of(j)],
         )

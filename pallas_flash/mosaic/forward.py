@@ -273,8 +273,9 @@ def _kernel(
                     return None
                 cols = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
                 return element_mask(
-                    spec, config.row_bound_mask, q0, cols, j * block_kv, kv_len, diag, 0, segs
-                )  # [block_q, block_kv]
+                    spec, config.row_bound_mask, q0, cols, j * block_kv, kv_len, diag, 0, segs,
+                    column_blocks=config.column_blocks,
+                )  # [block_q, block_kv]  # fmt: skip
 
             def issue_qk(s_ref, slot):  # Q K^T of the K tile in `slot`, issued
                 k_tile = k_smem.at[slot]

@@ -319,14 +319,25 @@ ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per row of a wgmma accumulator
 COL = plgpu.Layout.WGMMA.reduce(0)  # one value per column
 
 
-def bound_mask(spec: masks.MaskSpec, queries, keys, first_key, kv_len, diag, query_dim: int):
+def bound_mask(
+    spec: masks.MaskSpec,
+    queries,
+    keys,
+    first_key,
+    kv_len,
+    diag,
+    query_dim: int,
+    column_blocks: bool = True,
+):
     """A boundary tile's element mask from each query's key bounds (the configs'
     `row_bound_mask`): `queries` [n] are the tile's absolute query positions, `keys` its
     key iota counted from the absolute key `first_key`, with the queries along
     `query_dim`. Equal to `masks.tile_mask` without segment ids (tests/test_masks.py),
     but with one compare per element (two with a window's start), the bounds worked out
     once per query. Only where a bound depends on the query (`masks.has_row_bounds`):
-    without one, `element_mask` compares the key iota with the key length directly."""
+    without one, `element_mask` compares the key iota with the key length directly.
+    With the queries on the rows, `column_blocks` (the configs' field) compares eight
+    key columns at a time (`_columns_within`); `keys` is then the tile's column iota."""
     lo, hi = masks.row_bounds(spec, queries, kv_len, diag)
 
     def per_query(bound):  # [n] -> keys.shape, relative to the tile's first key
@@ -335,7 +346,7 @@ def bound_mask(spec: masks.MaskSpec, queries, keys, first_key, kv_len, diag, que
             return bound
         return lax.broadcast_in_dim(bound, keys.shape, [query_dim])
 
-    if query_dim == 0 and jnp.ndim(hi) and keys.shape[1] > 8:
+    if column_blocks and query_dim == 0 and jnp.ndim(hi) and keys.shape[1] > 8:
         return _columns_within(keys, hi - first_key, None if lo is None else lo - first_key)
     keep = keys < per_query(hi)
     if lo is not None:
@@ -376,6 +387,8 @@ def element_mask(
     diag,
     query_dim: int,
     segs=None,
+    *,
+    column_blocks: bool = True,
 ):
     """A boundary tile's element mask, for the forward and both backward kernels: the
     queries run along `query_dim` from the absolute position `first_query`, `keys` is
@@ -396,7 +409,7 @@ def element_mask(
         queries = first_query + plgpu.broadcasted_iota(
             jnp.int32, (shape[query_dim],), 0, layout=layout
         )
-        keep = bound_mask(spec, queries, keys, first_key, kv_len, diag, query_dim)
+        keep = bound_mask(spec, queries, keys, first_key, kv_len, diag, query_dim, column_blocks)
         return keep if segs is None else keep & (segs[0] == segs[1])
     queries = first_query + plgpu.broadcasted_iota(
         jnp.int32, shape, query_dim, layout=plgpu.Layout.WGMMA
