@@ -184,6 +184,17 @@ def test_fa_seqs_narrow_the_grid_steps(gpu_run):
     assert "--seqs" not in _one(calls[-1:], "--suite fa")
 
 
+def test_masks_ours_takes_its_labels_and_implementations(gpu_run):
+    """masks-ours:LABELS keeps those mask labels for our Triton path, or for the
+    implementations OURS_IMPLS names (the Mosaic kernels beside cuDNN, call C)."""
+    _, calls, _ = gpu_run("masks-ours:none,segments:4")
+    line = _one(calls, "--suite masks")
+    assert "--impls pallas_flash:triton " in line and "--masks none,segments:4" in line
+    _, calls, _ = gpu_run("masks-ours:padding", OURS_IMPLS="pallas_flash:mosaic,jax.nn:cudnn")
+    assert "--impls pallas_flash:mosaic,jax.nn:cudnn " in calls[-1]
+    assert "--masks padding" in calls[-1] and "--time-budget 240" in calls[-1]
+
+
 def test_ptxas_step_builds_its_command(gpu_run):
     """The ptxas step: our default and fused Mosaic kernels at head dims 64 and 128, causal
     and not, no SASS, unless PTXAS_IMPLS / PTXAS_HEAD_DIMS / PTXAS_CAUSAL / PTXAS_SASS say
