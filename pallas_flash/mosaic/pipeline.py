@@ -339,6 +339,8 @@ def bound_mask(
     With the queries on the rows, `column_blocks` (the configs' field) compares eight
     key columns at a time (`_columns_within`); `keys` is then the tile's column iota."""
     lo, hi = masks.row_bounds(spec, queries, kv_len, diag)
+    if column_blocks and query_dim == 0 and jnp.ndim(hi) and keys.shape[1] > 8:
+        return _columns_within(keys, hi - first_key, None if lo is None else lo - first_key)
 
     def per_query(bound):  # [n] -> keys.shape, relative to the tile's first key
         bound = bound - first_key
@@ -346,8 +348,6 @@ def bound_mask(
             return bound
         return lax.broadcast_in_dim(bound, keys.shape, [query_dim])
 
-    if column_blocks and query_dim == 0 and jnp.ndim(hi) and keys.shape[1] > 8:
-        return _columns_within(keys, hi - first_key, None if lo is None else lo - first_key)
     keep = keys < per_query(hi)
     if lo is not None:
         keep = keep & (keys >= per_query(lo))
