@@ -200,6 +200,11 @@ def _local_traffic(body: list[tuple[int, str, str]]) -> dict:
     return dict(loads=loads, stores=stores, to_uniform=to_uniform, fixed_slots=len(loaded - stored))
 
 
+# A wgmma that reads no accumulator: ptxas folded a fresh accumulator's zeros into it
+# (pipeline.held_zero says when it does not).
+_SASS_FRESH = re.compile(r"\bHGMMA\.[^;]*,\s*RZ,\s*!UPT")
+
+
 def _loops(lines: list[str]) -> list[dict]:
     """One SASS function's loops (see sass_loops), in address order."""
     labels, code, branches, here = {}, [], [], []
@@ -221,7 +226,10 @@ def _loops(lines: list[str]) -> list[dict]:
         body = [x for x in code if start <= x[0] <= end]
         if len(body) >= SASS_MIN_LOOP:
             mix = dict(collections.Counter(_sass_class(op) for _, op, _ in body))
-            loops[(start, end)] = dict(start=start, end=end, instructions=len(body), mix=mix)
+            fresh = sum(bool(_SASS_FRESH.search(text)) for _, _, text in body)
+            loops[(start, end)] = dict(
+                start=start, end=end, instructions=len(body), mix=mix, fresh_wgmmas=fresh
+            )
             if mix.get("local"):
                 loops[(start, end)]["local_traffic"] = _local_traffic(body)
     for (start, end), loop in loops.items():  # no other loop lies inside it: a step's body
@@ -235,8 +243,10 @@ def sass_loops(sass: str) -> dict[str, list[dict]]:
     """Per SASS function, its loops (a backward branch to a label: the code from the
     label to the branch) of at least SASS_MIN_LOOP instructions, in address order, each
     with its range, instruction count and mix by class (`_SASS_CLASSES`: wgmma, mufu,
-    float, int, shared, local, global, sync, other), and whether it is innermost (no
-    other loop inside it). An outer loop's count includes its inner loops'; a warp-
+    float, int, shared, local, global, sync, other), its wgmmas that read no
+    accumulator (`fresh_wgmmas`: a fresh accumulator's first wgmma, where ptxas folded
+    its zeros rather than moving them into its registers), and whether it is innermost
+    (no other loop inside it). An outer loop's count includes its inner loops'; a warp-
     specialised kernel's loops overlap (each step variant, masked or not, branches back
     to its own label and the work-item loop encloses them), so the innermost ones are its
     steps: at 81df3c6 the head-dim-128 causal forward's were 478 instructions unmasked
@@ -296,8 +306,9 @@ def summary(path: str) -> None:
     spill bytes (stored / loaded), whether ptxas serialized its wgmmas, its wgmmas and the
     groups they issue in, and its steps with wgmmas in them (innermost loops, in address
     order: a warp-specialised kernel has one per consumer and mask variant) as
-    instructions (int, float, local): what a step issues beside its matmuls, the thing to
-    shrink where a kernel is bound by issue slots rather than its tensor cores."""
+    instructions (int, float, local) and then its fresh wgmmas (sass_loops): what a step
+    issues beside its matmuls, the thing to shrink where a kernel is bound by issue slots
+    rather than its tensor cores."""
     with open(path) as f:
         rows = [json.loads(line) for line in f]
     for row in rows:
@@ -318,6 +329,7 @@ def summary(path: str) -> None:
                 + ", ".join(
                     f"{lp['instructions']} ({lp['mix'].get('int', 0)}, "
                     f"{lp['mix'].get('float', 0)}, {lp['mix'].get('local', 0)})"
+                    + (f" {lp['fresh_wgmmas']}f" if "fresh_wgmmas" in lp else "")
                     for lp in steps
                 )
             )

@@ -45,10 +45,14 @@ pytestmark = [
 ]
 
 
-def _compiled(tmp_path, impl: str, head_dim: int, causal: str = "false,true") -> list[dict]:
+def _compiled(
+    tmp_path, impl: str, head_dim: int, causal: str = "false,true", sass: bool = False
+) -> list[dict]:
     out = tmp_path / "ptxas.jsonl"
     cmd = [sys.executable, "-m", "benchmarks.ptxas", "--deviceless", "--impls", impl]
     cmd += ["--head-dims", str(head_dim), "--causal", causal, "--out", str(out)]
+    if sass:  # each kernel's loops, read from its SASS (benchmarks.ptxas.sass_loops)
+        cmd += ["--sass", str(tmp_path / "sass")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return [json.loads(line) for line in out.read_text().splitlines()]
@@ -82,12 +86,40 @@ def test_fused_candidates_serialize_no_wgmma(tmp_path, name):
 
 
 def test_a_serialized_build_is_reported(tmp_path):
-    """The check above can fail: the 128-row candidate without step descriptors is one
-    ptxas serializes (every wgmma its own group) and spills in, as the fused kernel in
-    FA3's order was on the H200 before step_descriptors (README, "C7512")."""
-    (row,) = _compiled(
-        tmp_path, CANDIDATES["h64-rows"].replace("/step_descriptors=true", ""), 64, "false"
-    )
+    """The check above can fail: the 128-row candidate without step descriptors, its
+    fresh accumulators zeroed by moves (held_zero=false), is one ptxas serializes (every
+    wgmma its own group) and spills in, as the fused kernel in FA3's order was on the
+    H200 before step_descriptors (README, "C7512"). With held_zero it is not: 36 groups,
+    80 bytes of spill stores against 2,004 (README, "Zeros held across the loop")."""
+    build = CANDIDATES["h64-rows"].replace("/step_descriptors=true", "/held_zero=false")
+    (row,) = _compiled(tmp_path, build, 64, "false")
     (fused,) = [k for k in row["kernels"] if "_bwd_fused" in k["kernel"]]
     assert fused["warnings"] and "Potential Performance Loss" in fused["warnings"][0]
     assert fused["spill_store_bytes"] > 0
+
+
+def _fresh_wgmmas(impl: str, tmp_path) -> dict[str, list[int]]:
+    """Per backward kernel of the head-dim-64 non-causal row, each step's wgmmas that
+    read no accumulator (sass_loops' fresh_wgmmas)."""
+    (row,) = _compiled(tmp_path, impl, 64, "false", sass=True)
+    assert row["error"] is None, row["error"]
+    return {
+        k["kernel"]: [
+            lp["fresh_wgmmas"] for lp in k["loops"] if lp["innermost"] and lp["mix"].get("wgmma")
+        ]
+        for k in row["kernels"]
+        if "_bwd_" in k["kernel"]
+    }
+
+
+def test_held_zero_folds_every_fresh_accumulator(tmp_path):
+    """pipeline.held_zero: in the pair's every step (the default at head dim 64), S^T and
+    dP^T (dK/dV kernel), S and dP (dQ kernel) start from zeros ptxas folds into their
+    first wgmmas; with run_scoped's zeros (held_zero=false) it folds only the first of
+    the two in the unmasked steps, and zeroes the other's 64 registers by moves."""
+    held = _fresh_wgmmas(M, tmp_path / "on")
+    plain = _fresh_wgmmas(f"{M}/held_zero=false", tmp_path / "off")
+    assert set(held) == set(plain) and len(held) == 2, held
+    for kernel, steps in held.items():
+        assert steps and all(n == 2 for n in steps), (kernel, steps)
+        assert min(plain[kernel]) == 1, (kernel, plain[kernel])

@@ -494,6 +494,17 @@ def test_gpu_column_blocks_changes_no_bit(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_held_zero_changes_no_bit(case):
+    """held_zero compiled, in the default for the case (the pair, or the fused kernel at
+    head dim 128 non-causal): its fresh accumulators start from a zero held across the
+    loops rather than from run_scoped's, the same zeros, so the same gradients (ptxas
+    then folds them; tests/test_deviceless.py checks that)."""
+    config = default_mosaic_bwd_config(case.head_dim, case.causal)
+    _flag_changes_no_bit(case, config, "held_zero", False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
 def test_gpu_share_probs_changes_no_bit(case):
     """share_probs compiled: the dK/dV split with P^T handed over gives the split's bits
     (and both are within the reference's tolerance)."""

@@ -71,7 +71,8 @@ simulated, except that its wgmma takes both operands from shared memory and cann
 accumulate in place (`pl.run_state` over an accumulator does not lower on CPU): there
 P^T, dS^T and dS are stored to a staging buffer and each product lands in a fresh
 accumulator that is added (`MosaicBwdConfig.operands_in_registers=False`, which a GPU
-can run too). Everything else is the same code.
+can run too), and fresh accumulators start from run_scoped's zeros (`held_zero`, which
+stores into them). Everything else is the same code.
 """
 
 from __future__ import annotations
@@ -215,6 +216,7 @@ def backward(
             fa3_order=False,
             q_do_in_registers=False,
             k_v_in_registers=False,
+            held_zero=False,  # nor can its accumulators be stored into
         )
 
     # One padded length serves both kernels: whole dK/dV query tiles and dQ CTAs, whole

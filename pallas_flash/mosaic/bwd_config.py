@@ -316,6 +316,17 @@ class MosaicBwdConfig:
       table rows that ran, and 1.02-1.05x the pair at head dim 128 non-causal, where
       it is in the default since c8bc107 (BWD_FUSED_FULL below; README, "Two writer
       warps").
+    held_zero: the backward kernels' fresh wgmma accumulators (S^T and dP^T, S and
+      dP, the fused kernel's dQ share) start from one zero computed before their loops
+      (pipeline.held_zero), not from run_scoped's constant zeros, so that ptxas issues
+      their first wgmmas without reading an accumulator in every step, rather than
+      zeroing 32-64 registers with a move each in most steps. The same zeros: the same
+      gradients. Compiled for the H200 without a GPU (README, "Zeros held across the
+      loop"): the head-dim-64 pair's unmasked steps issue 470 / 378 instructions (dK/dV
+      / dQ kernel) against 533 / 441, the fused default's at head dim 128 556 against
+      594, and the 128-row fused candidate at head dim 64 without step descriptors is no
+      longer serialized (36 wgmma groups against 192). GPU interpret mode runs it off
+      (its accumulators cannot be stored into). On; not yet timed.
     """
 
     block_q_dkv: int = 64
@@ -347,6 +358,7 @@ class MosaicBwdConfig:
     chained_share: bool = False
     rotated_adds: bool = False
     split_writer: bool = False
+    held_zero: bool = True
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):

@@ -30,6 +30,8 @@ from pallas_flash.mosaic.pipeline import (
     accumulate,
     bcast,
     element_mask,
+    held_zero,
+    start_from,
     wgmma_products,
 )
 
@@ -247,6 +249,7 @@ def dkdv_kernel(
         diag = masks.offset(spec, q_len, kv_len)
         c = scale * LOG2E  # base-2 scores: log2(e) folded into the scale
         shape = (bk, bq)  # S^T and its kin: keys on the rows, queries on the columns
+        zero = held_zero() if config.held_zero else None  # fresh accumulators' zeros
 
         def probs(s_t, i, slot, masked: bool, query_dim: int = 1):
             """P^T [bk, bq] (float32) of the step's scores S^T, masked where the tile needs
@@ -281,6 +284,7 @@ def dkdv_kernel(
             need."""
 
             def scores(s_ref, dp_ref):
+                start_from(zero, s_ref, dp_ref)
                 plgpu.wgmma(s_ref, k_tile, q_tile.transpose((1, 0)))  # s^T = k @ q.T
                 plgpu.wgmma(dp_ref, v_tile, do_tile.transpose((1, 0)))  # dp^T = v @ do.T
                 # wgmma groups complete in order: S^T is in, dP^T runs beside the exp2.
@@ -291,7 +295,8 @@ def dkdv_kernel(
             if config.chained_share:
                 return chained_fa3_products(carry, step, slot, q_tile, do_tile, z, p_t, ds_t)
             piece = dq_adds.piece_shape(part, pieces)
-            share0 = plgpu.layout_cast(jnp.zeros(piece, jnp.float32), plgpu.Layout.WGMMA)
+            fill = jnp.float32(0) if zero is None else zero
+            share0 = plgpu.layout_cast(jnp.full(piece, fill, jnp.float32), plgpu.Layout.WGMMA)
             issue = functools.partial(dq_adds.issue_share, fused_scratch, w, k_smem, part, z=z)
 
             def products(refs):
@@ -306,6 +311,7 @@ def dkdv_kernel(
                 for index in range(1, pieces):  # share_halves: the next piece, dK in flight
 
                     def rest(acc_ref, index=index):
+                        start_from(zero, acc_ref)
                         issue(acc_ref, piece=(index, pieces))
                         return plgpu.wgmma_accumulator_load(acc_ref, wait_n=0)
 
@@ -395,7 +401,7 @@ def dkdv_kernel(
                 (sq,) = wgmma_products([(tile().transpose((1, 0)), q_tile)], carry[1].shape)
                 dv, dk = carry[0] + pv, carry[1] + sq
             plgpu.barrier_arrive(free.at[slot])
-            dq_adds.dq_share(fused_scratch, step, w, k_smem, part, z, query_rows=True)
+            dq_adds.dq_share(fused_scratch, step, w, k_smem, part, z, query_rows=True, zero=zero)
             return dv, dk
 
         def shared_probs_step(i, carry, *, step, slot, q_tile, do_tile, k_tile, v_tile, masked):
@@ -465,7 +471,7 @@ def dkdv_kernel(
             pairs = [(k_a, q_tile.transpose((1, 0)))]  # s^T = k @ q.T: [bk, bq]
             if does_dk:
                 pairs.append((v_a, do_tile.transpose((1, 0))))  # dp^T = v @ do.T: [bk, bq]
-            products = wgmma_products(pairs, shape)
+            products = wgmma_products(pairs, shape, zero=zero)
             p_t = probs(products[0], i, slot, masked)
             terms = []
             if does_dv:
@@ -482,7 +488,7 @@ def dkdv_kernel(
                 staged = staging is not None
                 dq_adds.chained_share(fused_scratch, step, w, k_smem, part, ds_t, z, staged)
             elif config.fused:
-                dq_adds.dq_share(fused_scratch, step, w, k_smem, part, z, pieces=pieces)
+                dq_adds.dq_share(fused_scratch, step, w, k_smem, part, z, pieces=pieces, zero=zero)
             return carry
 
         def per_head(g, carry):

@@ -69,7 +69,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_flash.mosaic.bwd_config import MosaicBwdConfig
 from pallas_flash.mosaic.config import FUSED_SIDE_REGISTERS
-from pallas_flash.mosaic.pipeline import swizzled
+from pallas_flash.mosaic.pipeline import start_from, swizzled
 
 SLOTS = 2  # dQ shares in flight per consumer (dS^T tiles: one); chained_share: one
 
@@ -261,13 +261,23 @@ def piece_shape(part: tuple[int, int], pieces: int) -> tuple[int, int]:
 
 
 def dq_share(
-    s, step, w: int, k_smem, part: tuple[int, int], z=0, query_rows=False, pieces: int = 1
+    s,
+    step,
+    w: int,
+    k_smem,
+    part: tuple[int, int],
+    z=0,
+    query_rows=False,
+    pieces: int = 1,
+    zero=None,
 ):
     """Consumer `w`'s slice of this step's dQ share, computed alone (after dK's and dV's
-    wait) in `pieces` column pieces, one after another, and handed to the writer."""
+    wait) in `pieces` column pieces, one after another, and handed to the writer; each
+    piece's accumulator starts from `zero` (pipeline.held_zero, or None)."""
     for index in range(pieces):
 
         def mma(acc_ref, index=index):
+            start_from(zero, acc_ref)
             issue_share(s, w, k_smem, part, acc_ref, z, query_rows, (index, pieces))
             return acc_ref[...]  # awaits the wgmmas
 

@@ -29,6 +29,8 @@ from pallas_flash.mosaic.pipeline import (
     accumulate,
     bcast,
     element_mask,
+    held_zero,
+    start_from,
     stream_kv_tiles,
     wgmma_products,
 )
@@ -170,6 +172,7 @@ def dq_kernel(
         diag = masks.offset(spec, q_len, kv_len)
         c = scale * LOG2E
         shape = (bq, bk)
+        zero = held_zero() if config.held_zero else None  # fresh accumulators' zeros
         # dq_pingpong: a turn is dS K of one tile and S, dP of the next (the forward's
         # P V and next Q K^T); turns None: every hand-over is a no-op.
         pingpong = PingPong(turns, wg, named=named_turns)
@@ -186,6 +189,7 @@ def dq_kernel(
                 ],
                 shape,
                 after_issue=pingpong.meet,  # ours are issued: the other may issue its own
+                zero=zero,
             )
             plgpu.barrier_arrive(v_free.at[slot])
             p = row_probs(
@@ -294,6 +298,7 @@ def split_dq_consumer(
     plgpu.barrier_wait(ready)
     diag = masks.offset(spec, q_len, kv_len)
     c = scale * LOG2E
+    zero = held_zero() if config.held_zero else None  # fresh accumulators' zeros
     if w == 0:
         lse2 = plgpu.load(lse_smem.at[0], layout=ROW)  # [bq], base 2, +inf if empty
         q_segs = None
@@ -384,6 +389,7 @@ def split_dq_consumer(
 
             def work(acc_ref):
                 def scores(s_ref):
+                    start_from(zero, s_ref)
                     issue_product(s_ref, q_smem, k_smem.at[slot])  # s = q @ k.T
                     plgpu.barrier_wait(scratch["ds_ready"])  # dS of tile j - 1
                     add_ds_k(acc_ref, j - 1)
@@ -400,6 +406,8 @@ def split_dq_consumer(
         plgpu.barrier_wait(v_ready.at[slot])
 
         def grads(dp_ref):
+            start_from(zero, dp_ref)
+
             def work(acc_ref):
                 add_ds_k(acc_ref, j - 1)
                 issue_product(dp_ref, do_smem, v_smem.at[slot])  # dp = do @ v.T

@@ -5,7 +5,7 @@ ping-pong of two consumer warpgroups (`PingPong`), the persistent grid's work or
 the key-tile ranges each query span walks (from the mask, lengths and segment ids), the
 element masks of a boundary tile, in the layouts of a wgmma accumulator, and the wgmma
 helpers the backward kernels issue their products with (`accumulate`,
-`wgmma_products`)."""
+`wgmma_products`, and `held_zero` for their fresh accumulators)."""
 
 from __future__ import annotations
 
@@ -460,12 +460,41 @@ def accumulate(terms, staging):
     return out
 
 
-def wgmma_products(pairs, shape, after_issue=lambda: None):
+def held_zero():
+    """A float32 zero computed once, before a kernel's loops, for its fresh accumulators
+    (`start_from`; `MosaicBwdConfig.held_zero`).
+
+    A fresh accumulator is 64 (or 32) registers of zeros that its first wgmma adds onto,
+    and ptxas drops them (it issues that wgmma as `HGMMA ..., RZ, !UPT`, reading no
+    accumulator) only where each is a copy of a zero that outlives them. run_scoped's
+    accumulators are splats of the constant 0, which LLVM materialises inside the loop;
+    where nothing else in the step reads that register, it makes it the accumulator's
+    last register, and ptxas then zeroes the other 63 with a move each, every step: 63
+    of the 533 instructions of the pair's dK/dV step at head dim 64 (deviceless, SASS).
+    Through an optimisation barrier, opaque to LLVM and no instruction to ptxas, the
+    zero is a value defined once and live across the loop, so every accumulator
+    register is a copy of it and ptxas folds them all. The same zeros, so the same
+    numbers."""
+    return lax.optimization_barrier(jnp.float32(0))
+
+
+def start_from(zero, *acc_refs):
+    """Sets run_scoped's fresh accumulators to zeros copied from `zero` (held_zero's)
+    before their first wgmma; with `zero` None, leaves them as run_scoped made them."""
+    if zero is None:
+        return
+    for acc_ref in acc_refs:
+        fill = jnp.full(acc_ref.shape, zero, jnp.float32)
+        acc_ref[...] = plgpu.layout_cast(fill, plgpu.Layout.WGMMA)
+
+
+def wgmma_products(pairs, shape, after_issue=lambda: None, zero=None):
     """[a @ b for (a, b) in pairs], both shared-memory refs, into fresh float32
-    accumulators of `shape`, issued together and awaited once; `after_issue` runs
-    between the two (a ping-pong's hand-over)."""
+    accumulators of `shape` (starting from `zero`, `start_from`), issued together and
+    awaited once; `after_issue` runs between the two (a ping-pong's hand-over)."""
 
     def mma(*acc_refs):
+        start_from(zero, *acc_refs)
         for acc_ref, (a, b) in zip(acc_refs, pairs):
             plgpu.wgmma(acc_ref, a, b)
         after_issue()
