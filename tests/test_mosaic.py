@@ -480,6 +480,22 @@ def test_interpret_rescale_slack_matches_reference(case, slack):
     _compare(case, dataclasses.replace(SMALL, rescale_slack=slack), interpret=True, seed=6)
 
 
+# Row sums by the tensor cores (P times a tile of ones beside its P V): with and without
+# the conditional rescale, whose skipped rescales must skip the sums' too; ragged lengths,
+# rows that see no key, GQA and T != S among the cases.
+@pytest.mark.parametrize("case", [INTERPRET_CASES[2]], ids=lambda c: c.id)
+def test_interpret_row_sum_wgmma_matches_reference(case):
+    _compare(case, dataclasses.replace(SMALL, row_sum_wgmma=True), interpret=True, seed=7)
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("slack", [None, 8.0])
+@pytest.mark.parametrize("case", SOFTMAX_CASES, ids=lambda c: c.id)
+def test_interpret_row_sum_wgmma_on_softmax_cases(case, slack):
+    config = dataclasses.replace(SMALL, row_sum_wgmma=True, rescale_slack=slack)
+    _compare(case, config, interpret=True, seed=7)
+
+
 def test_rescale_slack_keeps_a_row_max_that_grew_less():
     """One step on a second tile whose scores top the first's by 3 (base 2) in row 0 and
     not at all in row 1: with slack 8 both rows keep their max (alpha 1, row 0's p up to
@@ -724,6 +740,17 @@ def test_gpu_early_q_load_changes_no_bit(case, flags):
     persistent = dataclasses.replace(row, persistent=True)
     changed = dataclasses.replace(persistent, o_from_registers=True, early_q_load=flags == "both")
     _changed_no_bit(case, persistent, changed, interpret=False, seed=seed_of(case))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_row_sum_wgmma_matches_reference(case):
+    """row_sum_wgmma compiled on the call's default row (with its conditional rescale at
+    head dims 128-256, whose skipped rescales skip the sums' too): the reference's
+    tolerance, the row sums of P as the P V takes it."""
+    row = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
+    config = dataclasses.replace(row, row_sum_wgmma=True)
+    _compare(case, config, interpret=False, seed=seed_of(case))
 
 
 @pytest.mark.gpu

@@ -95,6 +95,8 @@ def test_forward_config_validation():
             MosaicConfig(rescale_slack=slack)
     with pytest.raises(ValueError, match="rescale_slack=.* not with intra_overlap"):
         MosaicConfig(rescale_slack=8.0, intra_overlap=True)
+    with pytest.raises(ValueError, match="row_sum_wgmma .* not with intra_overlap"):
+        MosaicConfig(row_sum_wgmma=True, intra_overlap=True)
     for cols in (12, -8, 136):
         with pytest.raises(ValueError, match="poly_exp2_cols=.* multiple of 8 from 0 to block_kv"):
             MosaicConfig(block_kv=128, poly_exp2_cols=cols)

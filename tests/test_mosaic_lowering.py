@@ -105,6 +105,25 @@ def test_poly_exp2_lowers_for_hopper():
     assert counts == [(3 * 128 + 6, 0), (3 * 112 + 6, 3 * 16), (6, 3 * 128)]
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_row_sum_wgmma_lowers_for_hopper(head_dim):
+    """row_sum_wgmma lowered for sm_90 (the default rows, causal, 8k keys): in each of
+    the three tile loops (masked, full, masked) P times the ones tile, a wgmma of N = 8
+    over the tile's keys in steps of 16 beside the P V, and no such wgmma without it."""
+    from benchmarks import lowered_ops
+
+    spec = masks.MaskSpec(causal=True)
+    row = default_mosaic_config(head_dim, 8192, True)
+    counts = []
+    for flag in (False, True):
+        config = dataclasses.replace(row, row_sum_wgmma=flag)
+        (module,) = lowered_ops.forward_modules(config, spec, head_dim, 8192)
+        counts.append(
+            lowered_ops.module_text(module).count("wgmma.mma_async.sync.aligned.m64n8k16")
+        )
+    assert counts == [0, 3 * row.block_kv // 16]
+
+
 FORWARD_LOWERINGS = {
     "h64-bf16": (64, BF16, masks.MaskSpec()),
     "h64-f16-causal": (64, F16, masks.MaskSpec(causal=True)),

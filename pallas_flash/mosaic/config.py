@@ -117,6 +117,7 @@ The backward's configs and table: mosaic/bwd_config.py.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 # Hopper's shared memory per block (sm_90: 227 KiB usable of 228 KiB).
 SMEM_BYTES = 227 * 1024
@@ -336,6 +337,16 @@ class MosaicConfig:
       max's selects. Default 8 at head dims above 64 since 02c64a5, except causal calls
       of at most 1024 keys (RESCALE_SLACK and default_mosaic_config below, with the
       evidence).
+    row_sum_wgmma: the running row sums l_i are summed by the tensor cores rather than
+      by each thread: each step's P is multiplied by a [block_kv, 8] tile of ones in
+      shared memory beside its P V, into a [block_q, 8] accumulator (every column a row
+      sum) that is rescaled with O. At head dim 64 a thread's unmasked step spends about
+      one FADD per score element on the sum (128 of the 741 instructions of the
+      256-key step, compiled for the H200 without a GPU), for a wgmma of N = 8 beside
+      the P V's N = 64 (6 % more matmul work). The sum is then of P as the P V takes it
+      (rounded to the inputs' dtype) rather than of its float32 values: O's weights
+      sum to exactly its divisor, and the logsumexp moves within the rounding.
+      Not with intra_overlap. Off; not yet timed.
     consumers: consumer warpgroups a CTA (2 or 3), each on its own block_q rows, beside
       the producer. Three is FlashAttention-3's choice at head dim 64 (192 x 128 or
       192 x 192 tiles): a third softmax in flight where the softmax, not the tensor
@@ -378,6 +389,7 @@ class MosaicConfig:
     early_q_load: bool = False
     poly_exp2_cols: int = 0
     rescale_slack: float | None = None
+    row_sum_wgmma: bool = False
     consumers: int = NUM_CONSUMERS
 
     def __post_init__(self):
@@ -399,6 +411,10 @@ class MosaicConfig:
             isinstance(slack, bool) or not isinstance(slack, (int, float)) or not 0 <= slack < 64
         ):
             raise ValueError(f"{self.rescale_slack=} must be None or a number from 0 to 64")
+        if self.row_sum_wgmma and self.intra_overlap:
+            raise ValueError(
+                "row_sum_wgmma sums P beside the plain schedule's P V: not with intra_overlap"
+            )
         if slack is not None and self.intra_overlap:
             raise ValueError(
                 f"rescale_slack={self.rescale_slack} is the plain schedule's: not with "
@@ -459,6 +475,13 @@ class MosaicConfig:
         once O has left Q's buffer (and early_q_load cannot be)."""
         return self.o_from_registers or self.o_buffer(head_dim, itemsize)
 
+    @property
+    def ones_tile(self) -> tuple[int, int]:
+        """row_sum_wgmma's tile of ones: ROW_SUM_COLS rows and block_kv columns, rounded
+        up to a multiple of 256 so that a warpgroup stores it in whole 128-byte swizzle
+        tiles, four at a time (Mosaic GPU's register-to-shared copy layout)."""
+        return ROW_SUM_COLS, -(-self.block_kv // 256) * 256
+
     def smem_bytes(self, head_dim: int, itemsize: int = 2) -> int:
         """Shared memory the forward kernel allocates at this (padded) head dim (an upper
         bound: Mosaic GPU reports up to 1 KiB less)."""
@@ -472,8 +495,14 @@ class MosaicConfig:
         # P staged in shared memory: two buffers when the next softmax overlaps a P V.
         p = 0 if self.p_in_registers else p_tile * (2 if self.intra_overlap else 1)
         lse = n * self.block_q * 4
+        ones = n * math.prod(self.ones_tile) * itemsize if self.row_sum_wgmma else 0
         barriers = 8 * (4 * self.num_stages + n + 1)
-        return q_o + kv + p + lse + barriers + MOSAIC_OVERHEAD
+        return q_o + kv + p + lse + ones + barriers + MOSAIC_OVERHEAD
+
+
+# MosaicConfig.row_sum_wgmma: the columns of the ones tile that P is multiplied by (the
+# narrowest wgmma), each column of the product a row sum of P.
+ROW_SUM_COLS = 8
 
 
 def padded_head_dim(head_dim: int) -> int:

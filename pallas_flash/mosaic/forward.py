@@ -65,7 +65,9 @@ from pallas_flash.mosaic.config import (
     CONSUMER_REGISTERS,
     NAMED_FREE,
     PRODUCER_REGISTERS,
+    ROW_SUM_COLS,
     SMEM_BYTES,
+    SWIZZLE,
     THREE_CONSUMER_REGISTERS,
     THREE_PRODUCER_REGISTERS,
     MosaicConfig,
@@ -105,6 +107,7 @@ def _kernel(
     v_smem,
     p_smem,
     lse_smem,
+    ones_smem,
     q_seg_smem,
     kv_seg_smem,
     q_ready,
@@ -222,6 +225,11 @@ def _kernel(
 
         load_q(0)
         count = item_count()
+        if config.row_sum_wgmma:  # the ones P is multiplied by, for its row sums
+            shape, ones_dtype = ones_smem.shape[1:], ones_smem.dtype
+            layout = plgpu.Layout.SMEM_GMEM_COPY(shape, ones_dtype, SWIZZLE)
+            ones_smem.at[wg][...] = plgpu.layout_cast(jnp.ones(shape, ones_dtype), layout)
+            plgpu.commit_smem()  # visible to the wgmmas' async reads
 
         def consume(i, base):
             b, h, tile = item_at(i)
@@ -247,6 +255,7 @@ def _kernel(
                 poly_cols=config.poly_exp2_cols,
                 ptx=compiled,
                 slack=config.rescale_slack,
+                row_sum=not config.row_sum_wgmma,
             )
 
             pingpong = PingPong(turns, wg, named=config.named_turns, consumers=consumers)
@@ -298,25 +307,36 @@ def _kernel(
 
                 return pl.run_scoped(qk, plgpu.ACC((block_q, block_kv), jnp.float32))
 
-            def accumulate_pv(acc, p, slot, after_issue=lambda: None):
-                """acc + P V of the V tile in `slot`. P in registers (an array) accumulates in
-                place; P staged in shared memory (a ref: GPU interpret mode's form) goes into a
-                fresh accumulator that is added. `after_issue` runs while the wgmma does."""
+            def accumulate_pv(acc, p, slot, after_issue=lambda: None, l_acc=None):
+                """acc + P V of the V tile in `slot` (and, with `l_acc`, l_acc + P times the
+                ones tile: row_sum_wgmma's row sums; then a pair). P in registers (an array)
+                accumulates in place; P staged in shared memory (a ref: GPU interpret
+                mode's form) goes into fresh accumulators that are added. `after_issue` runs
+                while the wgmmas do."""
+                terms = [(acc, v_smem.at[slot])]
+                if l_acc is not None:  # [block_kv, 8] of ones, as P's right operand
+                    ones = ones_smem.at[wg].at[:, pl.ds(0, block_kv)]
+                    terms.append((l_acc, ones.transpose((1, 0))))
                 if config.p_in_registers:
 
-                    def pv(acc_ref):
-                        plgpu.wgmma(acc_ref, p, v_smem.at[slot])
+                    def pv(acc_refs):
+                        for acc_ref, (_, b) in zip(acc_refs, terms):
+                            plgpu.wgmma(acc_ref, p, b)
                         after_issue()
 
-                    # run_state awaits the wgmma before returning the accumulator.
-                    return pl.run_state(pv)(plgpu.ACC.init(acc))
+                    # run_state awaits the wgmmas before returning the accumulators.
+                    out = pl.run_state(pv)(tuple(plgpu.ACC.init(a) for a, _ in terms))
+                else:
 
-                def pv_fresh(acc_ref):
-                    plgpu.wgmma(acc_ref, p, v_smem.at[slot])
-                    after_issue()
-                    return acc_ref[...]
+                    def pv_fresh(*acc_refs):
+                        for acc_ref, (_, b) in zip(acc_refs, terms):
+                            plgpu.wgmma(acc_ref, p, b)
+                        after_issue()
+                        return tuple(acc_ref[...] for acc_ref in acc_refs)
 
-                return acc + pl.run_scoped(pv_fresh, plgpu.ACC((block_q, head_dim), jnp.float32))
+                    fresh = (plgpu.ACC(a.shape, jnp.float32) for a, _ in terms)
+                    out = [a + d for (a, _), d in zip(terms, pl.run_scoped(pv_fresh, *fresh))]
+                return tuple(out) if l_acc is not None else out[0]
 
             def body(j, carry, *, masked: bool):
                 acc, m_i, l_i = carry
@@ -331,29 +351,37 @@ def _kernel(
                     s, m_i, l_i, c, keep
                 )  # p: [block_q, block_kv]
 
-                def rescale(acc, p):  # [block_q, head_dim], and P as the wgmma takes it
+                def rescale(acc, l_i, p):  # [block_q, head_dim], l_i, and P as the wgmma takes it
+                    # row_sum_wgmma: l_i is an accumulator [block_q, 8], rescaled with O.
+                    kept = (acc, l_i) if config.row_sum_wgmma else (acc,)
+
                     def scaled():
-                        return acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+                        return tuple(x * lax.broadcast_in_dim(alpha, x.shape, [0]) for x in kept)
 
                     if rescaled is not None and compiled:  # the warp's flag: skip if unset
-                        return lax.cond(rescaled, scaled, lambda: acc), p.astype(dtype)
-                    return scaled(), p.astype(dtype)
+                        kept = lax.cond(rescaled, scaled, lambda: kept)
+                    else:
+                        kept = scaled()
+                    return kept[0], kept[-1] if config.row_sum_wgmma else l_i, p.astype(dtype)
 
                 if config.rescale_before_turn:
-                    acc, p = rescale(acc, p)
+                    acc, l_i, p = rescale(acc, l_i, p)
                     # Keep the compiler from sinking this work past the turn below.
                     acc, p, m_i, l_i = lax.optimization_barrier((acc, p, m_i, l_i))
                 pingpong.elementwise_done()  # softmax done: the other may start its own
                 plgpu.barrier_wait(v_ready.at[slot])
                 pingpong.my_turn()  # our turn: P V, then the next Q K^T
                 if not config.rescale_before_turn:
-                    acc, p = rescale(acc, p)
+                    acc, l_i, p = rescale(acc, l_i, p)
                 if not config.p_in_registers:
                     p_smem.at[wg][...] = p
                     plgpu.commit_smem()  # make the stores visible to the wgmma's async reads
                     p = p_smem.at[wg]
                 after = (lambda: wait_next_k(j)) if config.early_k_wait else (lambda: None)
-                acc = accumulate_pv(acc, p, slot, after)
+                if config.row_sum_wgmma:
+                    acc, l_i = accumulate_pv(acc, p, slot, after, l_acc=l_i)
+                else:
+                    acc = accumulate_pv(acc, p, slot, after)
                 release_slot(v_free, slot)
                 return acc, m_i, l_i
 
@@ -467,7 +495,11 @@ def _kernel(
             carry = (
                 plgpu.layout_cast(jnp.zeros((block_q, head_dim), jnp.float32), plgpu.Layout.WGMMA),
                 plgpu.layout_cast(jnp.full((block_q,), -jnp.inf, jnp.float32), row_layout),
-                plgpu.layout_cast(jnp.zeros((block_q,), jnp.float32), row_layout),
+                plgpu.layout_cast(jnp.zeros((block_q,), jnp.float32), row_layout)
+                if not config.row_sum_wgmma
+                else plgpu.layout_cast(
+                    jnp.zeros((block_q, ROW_SUM_COLS), jnp.float32), plgpu.Layout.WGMMA
+                ),
             )
             plgpu.barrier_wait(q_ready.at[wg])
             q_regs = None  # q_register_cols: those columns of Q, as Q K^T's A operand
@@ -487,6 +519,8 @@ def _kernel(
 
             def finish(acc, m_i, l_i):
                 pingpong.end()
+                if config.row_sum_wgmma:  # every column of the accumulator is the row sum
+                    l_i = jnp.max(l_i, axis=1)
                 # Rows past q_len are padding, and a fully masked row has l_i == 0: both
                 # output 0 with logsumexp -inf, never 0/0.
                 rows = q0 + plgpu.broadcasted_iota(jnp.int32, (block_q,), 0, layout=row_layout)
@@ -659,6 +693,11 @@ def forward(
             transforms=transforms,
         ),
         lse_smem=plgpu.SMEM((consumers, config.block_q), jnp.float32),
+        # row_sum_wgmma: ones [8, block_kv] (or more columns), read transposed as P's
+        # right operand.
+        ones_smem=plgpu.SMEM((consumers, *config.ones_tile), q.dtype, transforms=transforms)
+        if config.row_sum_wgmma
+        else None,
         q_seg_smem=plgpu.SMEM((consumers, config.block_q), jnp.int32) if seg_inputs else None,
         kv_seg_smem=plgpu.SMEM((stages, config.block_kv), jnp.int32) if seg_inputs else None,
         # With segment ids, their copies complete the Q and K barriers too.

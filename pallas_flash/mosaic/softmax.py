@@ -112,7 +112,9 @@ def warp_any(flags):
     return vote(flags)
 
 
-def online_softmax(s, m_i, l_i, c: float, keep, poly_cols: int = 0, ptx: bool = False, slack=None):
+def online_softmax(
+    s, m_i, l_i, c: float, keep, poly_cols: int = 0, ptx: bool = False, slack=None, row_sum=True
+):
     """One online-softmax step on raw scores `s` [block_q, block_kv] (float32).
 
     `c` is scale * log2(e); `keep` is the element mask or None; the first `poly_cols`
@@ -122,7 +124,9 @@ def online_softmax(s, m_i, l_i, c: float, keep, poly_cols: int = 0, ptx: bool = 
     any warp that has such a row); else it stays, and p is at most 2^slack. Returns the
     probabilities p (base 2, not normalised), the new m_i and l_i, alpha, which rescales
     what was accumulated so far, and whether to rescale (None: always; a [rows] mask,
-    where alpha is 1 off it; or, compiled, the warp's flag).
+    where alpha is 1 off it; or, compiled, the warp's flag). With `row_sum` False, l_i
+    is returned as it came: the caller sums p on the tensor cores
+    (MosaicConfig.row_sum_wgmma).
     """
 
     def rows(x):  # [block_q] -> [block_q, block_kv]
@@ -158,5 +162,6 @@ def online_softmax(s, m_i, l_i, c: float, keep, poly_cols: int = 0, ptx: bool = 
         p = jnp.concatenate([head, jnp.exp2(x[:, poly_cols:])], axis=1)
     else:
         p = jnp.exp2(x)
-    l_i = l_i * alpha + jnp.sum(p, axis=1)
+    if row_sum:
+        l_i = l_i * alpha + jnp.sum(p, axis=1)
     return p, m_new, l_i, alpha, rescaled
