@@ -338,14 +338,16 @@ class MosaicConfig:
       of at most 1024 keys (RESCALE_SLACK and default_mosaic_config below, with the
       evidence).
     row_sum_wgmma: the running row sums l_i are summed by the tensor cores rather than
-      by each thread: each step's P is multiplied by a [block_kv, 8] tile of ones in
-      shared memory beside its P V, into a [block_q, 8] accumulator (every column a row
-      sum) that is rescaled with O. At head dim 64 a thread's unmasked step spends about
-      one FADD per score element on the sum (128 of the 741 instructions of the
-      256-key step, compiled for the H200 without a GPU), for a wgmma of N = 8 beside
-      the P V's N = 64 (6 % more matmul work). The sum is then of P as the P V takes it
-      (rounded to the inputs' dtype) rather than of its float32 values: O's weights
-      sum to exactly its divisor, and the logsumexp moves within the rounding.
+      by each thread: beside each step's P V, every 64 keys of P are multiplied by one
+      [64, 8] tile of ones in shared memory, into a [block_q, 8] accumulator (every
+      column a row sum) that is rescaled with O. At head dim 64 a thread's step spends
+      about one FADD per score element on the sum; compiled for the H200 without a GPU
+      (README, "Row sums on the tensor cores") the unmasked steps issue 627 / 628
+      instructions against 740 / 741 at head dim 64 (256-key tiles, causal 4k / not)
+      and 429 against 488 at 128, for wgmmas of N = 8 beside the P V's N = 64 (6 % more
+      matmul work at head dim 64), and spill nothing. The sum is then of P as the P V
+      takes it (rounded to the inputs' dtype) rather than of its float32 values: O's
+      weights sum to exactly its divisor, and the logsumexp moves within the rounding.
       Not with intra_overlap. Off; not yet timed.
     consumers: consumer warpgroups a CTA (2 or 3), each on its own block_q rows, beside
       the producer. Three is FlashAttention-3's choice at head dim 64 (192 x 128 or

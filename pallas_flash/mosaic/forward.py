@@ -308,34 +308,38 @@ def _kernel(
                 return pl.run_scoped(qk, plgpu.ACC((block_q, block_kv), jnp.float32))
 
             def accumulate_pv(acc, p, slot, after_issue=lambda: None, l_acc=None):
-                """acc + P V of the V tile in `slot` (and, with `l_acc`, l_acc + P times the
-                ones tile: row_sum_wgmma's row sums; then a pair). P in registers (an array)
-                accumulates in place; P staged in shared memory (a ref: GPU interpret
+                """acc + P V of the V tile in `slot` (and, with `l_acc`, l_acc + P times a
+                tile of ones: row_sum_wgmma's row sums; then a pair). P in registers (an
+                array) accumulates in place; P staged in shared memory (a ref: GPU interpret
                 mode's form) goes into fresh accumulators that are added. `after_issue` runs
                 while the wgmmas do."""
-                terms = [(acc, v_smem.at[slot])]
-                if l_acc is not None:  # [block_kv, 8] of ones, as P's right operand
-                    ones = ones_smem.at[wg].at[:, pl.ds(0, block_kv)]
-                    terms.append((l_acc, ones.transpose((1, 0))))
+
+                # The row sums: each 64 keys of P times the same [64, 8] of ones, so that
+                # the ones' wgmma descriptors are the same four in every step and for every
+                # chunk (a [block_kv, 8] tile's sixteen, held across the loop, spilled at
+                # head dim 64 with 256-key tiles: 216 bytes).
+                def issue(acc_refs, p_chunk):
+                    plgpu.wgmma(acc_refs[0], p, v_smem.at[slot])
+                    if l_acc is not None:
+                        ones = ones_smem.at[wg].at[:, pl.ds(0, ONES_KEYS)].transpose((1, 0))
+                        for keys in (pl.ds(c, ONES_KEYS) for c in range(0, block_kv, ONES_KEYS)):
+                            plgpu.wgmma(acc_refs[1], p_chunk(keys), ones)
+                    after_issue()
+
+                accs = (acc,) if l_acc is None else (acc, l_acc)
                 if config.p_in_registers:
-
-                    def pv(acc_refs):
-                        for acc_ref, (_, b) in zip(acc_refs, terms):
-                            plgpu.wgmma(acc_ref, p, b)
-                        after_issue()
-
                     # run_state awaits the wgmmas before returning the accumulators.
-                    out = pl.run_state(pv)(tuple(plgpu.ACC.init(a) for a, _ in terms))
+                    out = pl.run_state(lambda refs: issue(refs, lambda keys: p[:, keys]))(
+                        tuple(plgpu.ACC.init(a) for a in accs)
+                    )
                 else:
 
                     def pv_fresh(*acc_refs):
-                        for acc_ref, (_, b) in zip(acc_refs, terms):
-                            plgpu.wgmma(acc_ref, p, b)
-                        after_issue()
+                        issue(acc_refs, lambda keys: p.at[:, keys])
                         return tuple(acc_ref[...] for acc_ref in acc_refs)
 
-                    fresh = (plgpu.ACC(a.shape, jnp.float32) for a, _ in terms)
-                    out = [a + d for (a, _), d in zip(terms, pl.run_scoped(pv_fresh, *fresh))]
+                    fresh = (plgpu.ACC(a.shape, jnp.float32) for a in accs)
+                    out = [a + d for a, d in zip(accs, pl.run_scoped(pv_fresh, *fresh))]
                 return tuple(out) if l_acc is not None else out[0]
 
             def body(j, carry, *, masked: bool):
@@ -576,6 +580,9 @@ def _kernel(
         if config.persistent:
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # as at the end of a CTA above
 
+
+# row_sum_wgmma: the keys of P each wgmma with the ones takes (a 128-byte swizzle's).
+ONES_KEYS = 64
 
 # Persistent CTAs in GPU interpret mode: few, so that each walks several work items.
 _PERSISTENT_CTAS = 3
