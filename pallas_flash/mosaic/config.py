@@ -479,10 +479,11 @@ class MosaicConfig:
 
     @property
     def ones_tile(self) -> tuple[int, int]:
-        """row_sum_wgmma's tile of ones: ROW_SUM_COLS rows and block_kv columns, rounded
-        up to a multiple of 256 so that a warpgroup stores it in whole 128-byte swizzle
-        tiles, four at a time (Mosaic GPU's register-to-shared copy layout)."""
-        return ROW_SUM_COLS, -(-self.block_kv // 256) * 256
+        """row_sum_wgmma's tile of ones, a consumer's: ROW_SUM_COLS rows and 256 columns,
+        of which the wgmmas read the first 64 (forward.ONES_KEYS); a warpgroup fills it
+        in whole 128-byte swizzle tiles, four at a time (Mosaic GPU's register-to-shared
+        copy layout takes no fewer)."""
+        return ROW_SUM_COLS, 256
 
     def smem_bytes(self, head_dim: int, itemsize: int = 2) -> int:
         """Shared memory the forward kernel allocates at this (padded) head dim (an upper

@@ -366,7 +366,11 @@ def _kernel(
                         kept = lax.cond(rescaled, scaled, lambda: kept)
                     else:
                         kept = scaled()
-                    return kept[0], kept[-1] if config.row_sum_wgmma else l_i, p.astype(dtype)
+                    if config.row_sum_wgmma:
+                        acc, l_i = kept
+                    else:
+                        (acc,) = kept
+                    return acc, l_i, p.astype(dtype)
 
                 if config.rescale_before_turn:
                     acc, l_i, p = rescale(acc, l_i, p)
@@ -700,8 +704,8 @@ def forward(
             transforms=transforms,
         ),
         lse_smem=plgpu.SMEM((consumers, config.block_q), jnp.float32),
-        # row_sum_wgmma: ones [8, block_kv] (or more columns), read transposed as P's
-        # right operand.
+        # row_sum_wgmma: ones [8, 256], whose first 64 columns are read transposed as
+        # P's right operand.
         ones_smem=plgpu.SMEM((consumers, *config.ones_tile), q.dtype, transforms=transforms)
         if config.row_sum_wgmma
         else None,
