@@ -148,6 +148,8 @@ def test_ptxas_report_parses_per_kernel():
     # count on its own), by class.
     body = ["HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24", "MUFU.EX2 R3, R3"]
     body += ["FFMA R4, R4, R5, -R6", "FMNMX R7, R7, R8, !PT", "IMAD R9, R9, 0x2, R1"] * 3
+    # A fresh accumulator's first wgmma, its zeros folded: it reads no accumulator.
+    body[1] = "HGMMA.64x64x16.F32.BF16 R56, gdesc[UR8], RZ, !UPT"
     body += ["LDS R10, [R11]", "STL [R1], R2", "ISETP.GE.AND P0, PT, R9, R12, PT"]
     lines = [".text.k:", "        /*0000*/                   S2R R0, SR_TID.X ;", ".L_x_1:"]
     lines += [
@@ -162,8 +164,8 @@ def test_ptxas_report_parses_per_kernel():
     ]
     (loop,) = ptxas.sass_loops("\n".join(lines))["k"]
     assert (loop["start"], loop["end"], loop["instructions"]) == (0x10, 0x150, 17)
-    assert loop["mix"] == dict(wgmma=1, mufu=1, float=6, int=4, shared=1, local=1, sync=1, other=2)
-    assert loop["innermost"]
+    assert loop["mix"] == dict(wgmma=2, float=6, int=4, shared=1, local=1, sync=1, other=2)
+    assert loop["innermost"] and loop["fresh_wgmmas"] == 1
     # An outer loop around it (a work-item loop): both listed, only the step innermost.
     outer = [lines[0], ".L_x_0:", *lines[1:-1]]
     outer += ["        /*0170*/                @P2 BRA `(.L_x_0) ;", "        /*0180*/ EXIT ;"]
@@ -407,13 +409,19 @@ def test_lowered_ops_step_live_ins(capsys):
     spec = masks.MaskSpec(causal=True)
     fused = bwd_config.MosaicBwdConfig(fused=True, fa3_order=True)
     for step_descriptors, want in ((False, True), (True, False)):
-        config = dataclasses.replace(fused, step_descriptors=step_descriptors)
-        (module,) = lowered_ops.backward_modules(config, spec, 128, 256)
-        steps = lowered_ops.step_live_ins(module)
-        assert len(steps) == 6  # three step variants (masked before, full, after) x 2
-        assert all((step["i64"] > 0) is want for step in steps), steps
-        # Lanes of constant splats fold away: no float32 value is held for the steps.
-        assert not any(step["f32"] or step["vector<2xf32>"] for step in steps), steps
+        for held_zero in (False, True):
+            config = dataclasses.replace(
+                fused, step_descriptors=step_descriptors, held_zero=held_zero
+            )
+            (module,) = lowered_ops.backward_modules(config, spec, 128, 256)
+            steps = lowered_ops.step_live_ins(module)
+            assert len(steps) == 6  # three step variants (masked before, full, after) x 2
+            assert all((step["i64"] > 0) is want for step in steps), steps
+            # Lanes of constant splats fold away: the float32 values held for the steps
+            # are held_zero's scalar zero (pipeline.held_zero), made before the loop, and
+            # none without it.
+            assert all(step["vector<2xf32>"] == 0 for step in steps), steps
+            assert all(0 < step["f32"] <= 2 if held_zero else not step["f32"] for step in steps)
     config = mosaic_config.default_mosaic_config(128, 256, True)
     (module,) = lowered_ops.forward_modules(config, spec, 128, 256)
     assert all(step["i64"] > 0 for step in lowered_ops.step_live_ins(module))
