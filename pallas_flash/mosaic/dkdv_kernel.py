@@ -33,6 +33,7 @@ from pallas_flash.mosaic.pipeline import (
     held_zero,
     start_from,
     wgmma_products,
+    zeros_from,
 )
 
 
@@ -249,7 +250,7 @@ def dkdv_kernel(
         diag = masks.offset(spec, q_len, kv_len)
         c = scale * LOG2E  # base-2 scores: log2(e) folded into the scale
         shape = (bk, bq)  # S^T and its kin: keys on the rows, queries on the columns
-        zero = held_zero() if config.held_zero else None  # fresh accumulators' zeros
+        zero = held_zero(config.held_zero)  # fresh accumulators' zeros
 
         def probs(s_t, i, slot, masked: bool, query_dim: int = 1):
             """P^T [bk, bq] (float32) of the step's scores S^T, masked where the tile needs
@@ -295,8 +296,7 @@ def dkdv_kernel(
             if config.chained_share:
                 return chained_fa3_products(carry, step, slot, q_tile, do_tile, z, p_t, ds_t)
             piece = dq_adds.piece_shape(part, pieces)
-            fill = jnp.float32(0) if zero is None else zero
-            share0 = plgpu.layout_cast(jnp.full(piece, fill, jnp.float32), plgpu.Layout.WGMMA)
+            share0 = zeros_from(piece, zero)
             issue = functools.partial(dq_adds.issue_share, fused_scratch, w, k_smem, part, z=z)
 
             def products(refs):

@@ -172,7 +172,7 @@ def dq_kernel(
         diag = masks.offset(spec, q_len, kv_len)
         c = scale * LOG2E
         shape = (bq, bk)
-        zero = held_zero() if config.held_zero else None  # fresh accumulators' zeros
+        zero = held_zero(config.held_zero)  # fresh accumulators' zeros
         # dq_pingpong: a turn is dS K of one tile and S, dP of the next (the forward's
         # P V and next Q K^T); turns None: every hand-over is a no-op.
         pingpong = PingPong(turns, wg, named=named_turns)
@@ -298,7 +298,7 @@ def split_dq_consumer(
     plgpu.barrier_wait(ready)
     diag = masks.offset(spec, q_len, kv_len)
     c = scale * LOG2E
-    zero = held_zero() if config.held_zero else None  # fresh accumulators' zeros
+    zero = held_zero(config.held_zero)  # fresh accumulators' zeros
     if w == 0:
         lse2 = plgpu.load(lse_smem.at[0], layout=ROW)  # [bq], base 2, +inf if empty
         q_segs = None

@@ -460,9 +460,9 @@ def accumulate(terms, staging):
     return out
 
 
-def held_zero():
+def held_zero(on: bool = True):
     """A float32 zero computed once, before a kernel's loops, for its fresh accumulators
-    (`start_from`; `MosaicBwdConfig.held_zero`).
+    (`start_from`; `MosaicBwdConfig.held_zero`, passed as `on`: None when off).
 
     A fresh accumulator is 64 (or 32) registers of zeros that its first wgmma adds onto,
     and ptxas drops them (it issues that wgmma as `HGMMA ..., RZ, !UPT`, reading no
@@ -475,7 +475,14 @@ def held_zero():
     zero is a value defined once and live across the loop, so every accumulator
     register is a copy of it and ptxas folds them all. The same zeros, so the same
     numbers."""
-    return lax.optimization_barrier(jnp.float32(0))
+    return lax.optimization_barrier(jnp.float32(0)) if on else None
+
+
+def zeros_from(shape, zero):
+    """Float32 zeros of `shape` in the wgmma accumulator layout, copies of `zero`
+    (held_zero's), or the constant 0 with `zero` None."""
+    fill = jnp.full(shape, jnp.float32(0) if zero is None else zero, jnp.float32)
+    return plgpu.layout_cast(fill, plgpu.Layout.WGMMA)
 
 
 def start_from(zero, *acc_refs):
@@ -484,8 +491,7 @@ def start_from(zero, *acc_refs):
     if zero is None:
         return
     for acc_ref in acc_refs:
-        fill = jnp.full(acc_ref.shape, zero, jnp.float32)
-        acc_ref[...] = plgpu.layout_cast(fill, plgpu.Layout.WGMMA)
+        acc_ref[...] = zeros_from(acc_ref.shape, zero)
 
 
 def wgmma_products(pairs, shape, after_issue=lambda: None, zero=None):
