@@ -348,7 +348,9 @@ class MosaicConfig:
       matmul work at head dim 64), and spill nothing. The sum is then of P as the P V
       takes it (rounded to the inputs' dtype) rather than of its float32 values: O's
       weights sum to exactly its divisor, and the logsumexp moves within the rounding.
-      Not with intra_overlap. Off; not yet timed.
+      Not with intra_overlap. On in the head-dim-64 rows of non-causal calls (1.05-1.06x
+      at 1k-8k; ROW_SUM_WGMMA_64's comment), off elsewhere (level causal, 0.97-0.99x at
+      head dim 128).
     consumers: consumer warpgroups a CTA (2 or 3), each on its own block_q rows, beside
       the producer. Three is FlashAttention-3's choice at head dim 64 (192 x 128 or
       192 x 192 tiles): a third softmax in flight where the softmax, not the tensor
@@ -563,6 +565,20 @@ RESCALE_SLACK = 8.0
 RESCALE_SLACK_OFF_KEYS = 1024
 
 
+# The head-dim-64 rows of non-causal calls sum the softmax's rows on the tensor cores
+# (MosaicConfig.row_sum_wgmma), since the session of 12-05. Timed beside the row without
+# it, JAX's Mosaic FA3 and cuDNN in one process (results/mosaic-1d6a8bd/
+# fa-mosaic-fwd-row-sum.jsonl; bf16, B x T = 16k, forward TFLOP/s): non-causal 391.4 /
+# 417.2 / 453.2 against 367.7 / 396.5 / 430.8 at 1k / 2k / 8k (1.06x / 1.05x / 1.05x;
+# the best peer 359.3 / 397.5 / 436.4); causal 257.8 / 331.9 / 429.9 against 257.0 /
+# 325.8 / 434.6 (1.00x / 1.02x / 0.99x), so causal calls and those whose flag is not
+# known keep the per-thread sums. At head dim 128 (fa-mosaic-fwd-row-sum-128.jsonl)
+# 0.99x / 0.97x non-causal at 2k / 8k, 0.96x / 1.01x causal: off there. Compiled, it
+# passes the reference on all 30 rows of the case table on each case's default row
+# (mosaic-tests-row-sum.log).
+ROW_SUM_WGMMA_64 = True
+
+
 # Key lengths up to which the head-dim-64 default takes its short-length rows: 128-key
 # tiles when causal, persistent when the causal flag is not known (measured at 1k and 2k).
 PERSISTENT_MAX_KEYS = 2048
@@ -588,6 +604,7 @@ def default_mosaic_config(
         # causal only where the flag is not known and the keys are few (1.05-1.08x at 1k /
         # 2k with 256-key tiles). Causal at short lengths: 128-key tiles, 1.11x / 1.04x at
         # 1k / 2k, one CTA per item (1.05x the persistent grid at 2k). Module docstring.
+        # Row sums on the tensor cores when not causal (ROW_SUM_WGMMA_64's comment).
         short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS
         short_causal = short and causal is True
         return MosaicConfig(
@@ -598,6 +615,7 @@ def default_mosaic_config(
             persistent=causal is False or (short and causal is None),
             q_register_cols=Q_REGISTER_COLS,
             named_turns=NAMED_TURNS_DEFAULT,
+            row_sum_wgmma=ROW_SUM_WGMMA_64 and causal is False,
         )
     # The conditional rescale above head dim 64, but not for short causal calls (at
     # RESCALE_SLACK's comment).
