@@ -205,6 +205,20 @@ def _local_traffic(body: list[tuple[int, str, str]]) -> dict:
 _SASS_FRESH = re.compile(r"\bHGMMA\.[^;]*,\s*RZ,\s*!UPT")
 
 
+_SASS_WAIT = re.compile(r"\bWARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x([0-9a-f]+)")
+
+
+def _beside_pending(body: list[tuple[int, str, str]]) -> int:
+    """The instructions a step issues after a wgmma wait that leaves groups pending
+    (WARPGROUP.DEPBAR.LE gsb0, N with N > 0) and before its next wait: what it does
+    while a product it issued is still on the tensor cores (0 where every wait is for
+    all of them; MosaicBwdConfig.probs_before_dp)."""
+    waits = [
+        (i, int(m.group(1), 16)) for i, (_, _, t) in enumerate(body) if (m := _SASS_WAIT.search(t))
+    ]
+    return sum(b - a - 1 for (a, n), (b, _) in zip(waits, waits[1:]) if n > 0)
+
+
 def _loops(lines: list[str]) -> list[dict]:
     """One SASS function's loops (see sass_loops), in address order."""
     labels, code, branches, here = {}, [], [], []
@@ -228,7 +242,12 @@ def _loops(lines: list[str]) -> list[dict]:
             mix = dict(collections.Counter(_sass_class(op) for _, op, _ in body))
             fresh = sum(bool(_SASS_FRESH.search(text)) for _, _, text in body)
             loops[(start, end)] = dict(
-                start=start, end=end, instructions=len(body), mix=mix, fresh_wgmmas=fresh
+                start=start,
+                end=end,
+                instructions=len(body),
+                mix=mix,
+                fresh_wgmmas=fresh,
+                beside_pending=_beside_pending(body),
             )
             if mix.get("local"):
                 loops[(start, end)]["local_traffic"] = _local_traffic(body)
@@ -245,7 +264,9 @@ def sass_loops(sass: str) -> dict[str, list[dict]]:
     with its range, instruction count and mix by class (`_SASS_CLASSES`: wgmma, mufu,
     float, int, shared, local, global, sync, other), its wgmmas that read no
     accumulator (`fresh_wgmmas`: a fresh accumulator's first wgmma, where ptxas folded
-    its zeros rather than moving them into its registers), and whether it is innermost
+    its zeros rather than moving them into its registers), the instructions it issues
+    while one of its wgmma groups is still pending (`beside_pending`: from a wait that
+    leaves some in flight to the next wait), and whether it is innermost
     (no other loop inside it). An outer loop's count includes its inner loops'; a warp-
     specialised kernel's loops overlap (each step variant, masked or not, branches back
     to its own label and the work-item loop encloses them), so the innermost ones are its

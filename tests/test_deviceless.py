@@ -123,3 +123,32 @@ def test_held_zero_folds_every_fresh_accumulator(tmp_path):
     for kernel, steps in held.items():
         assert steps and all(n == 2 for n in steps), (kernel, steps)
         assert min(plain[kernel]) == 1, (kernel, plain[kernel])
+
+
+def _beside_pending(impl: str, tmp_path) -> dict[str, list[int]]:
+    """Per backward kernel of the head-dim-64 non-causal row, each step's instructions
+    issued while one of its wgmma groups is pending (sass_loops' beside_pending)."""
+    (row,) = _compiled(tmp_path, impl, 64, "false", sass=True)
+    assert row["error"] is None, row["error"]
+    return {
+        k["kernel"]: [
+            lp["beside_pending"] for lp in k["loops"] if lp["innermost"] and lp["mix"].get("wgmma")
+        ]
+        for k in row["kernels"]
+        if "_bwd_" in k["kernel"]
+    }
+
+
+def test_probs_before_dp_issues_work_beside_dp(tmp_path):
+    """MosaicBwdConfig.probs_before_dp: the pair's steps (the default at head dim 64)
+    await S and dP together without it (no instruction while a product is pending), and
+    with it issue the scores' scaling and some of their exp2 between S's wait and dP's,
+    in every step of both kernels (the dQ kernel's unmasked step: its 64 FFMAs and 16
+    exp2, README "Scores' exp2 beside dP")."""
+    plain = _beside_pending(M, tmp_path / "off")
+    early = _beside_pending(f"{M}/probs_before_dp=true", tmp_path / "on")
+    assert set(plain) == set(early) and len(plain) == 2, plain
+    for kernel, steps in plain.items():
+        assert steps and all(n == 0 for n in steps), (kernel, steps)
+        assert len(early[kernel]) == len(steps), (kernel, early[kernel])
+        assert all(n >= 32 for n in early[kernel]), (kernel, early[kernel])

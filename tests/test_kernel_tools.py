@@ -166,6 +166,19 @@ def test_ptxas_report_parses_per_kernel():
     assert (loop["start"], loop["end"], loop["instructions"]) == (0x10, 0x150, 17)
     assert loop["mix"] == dict(wgmma=2, float=6, int=4, shared=1, local=1, sync=1, other=2)
     assert loop["innermost"] and loop["fresh_wgmmas"] == 1
+    assert loop["beside_pending"] == 0  # no wgmma wait in it
+    # A wait that leaves a group pending, three instructions, then the wait for it (the
+    # exp2 beside dP); a wait for all of them counts nothing after it.
+    step = ["HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24, gsb0", "WARPGROUP.DEPBAR.LE gsb0, 0x1"]
+    step += ["FFMA R4, R4, R5, -R6", "MUFU.EX2 R3, R3", "FFMA R4, R4, R5, -R6"]
+    step += ["WARPGROUP.DEPBAR.LE gsb0, 0x0", *["IMAD R9, R9, 0x2, R1"] * 10]
+    step += ["ISETP.GE.AND P0, PT, R9, R12, PT", "@P0 BRA `(.L_x_1)"]
+    text = [".text.k:", ".L_x_1:"]
+    text += [
+        f"        /*{16 * (i + 1):04x}*/                   {op} ;" for i, op in enumerate(step)
+    ]
+    (loop,) = ptxas.sass_loops("\n".join(text))["k"]
+    assert (loop["instructions"], loop["beside_pending"]) == (18, 3)
     # An outer loop around it (a work-item loop): both listed, only the step innermost.
     outer = [lines[0], ".L_x_0:", *lines[1:-1]]
     outer += ["        /*0170*/                @P2 BRA `(.L_x_0) ;", "        /*0180*/ EXIT ;"]

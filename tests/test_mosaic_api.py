@@ -378,6 +378,9 @@ def test_backward_config_validation():
     for flags in (dict(consumers_dq=1), dict(split_dq=True), dict(fused=True)):
         with pytest.raises(ValueError, match="dq_pingpong .* needs consumers_dq=2"):
             MosaicBwdConfig(dq_pingpong=True, **flags)
+    for flags in (dict(query_rows=True), dict(fa3_order=True)):
+        with pytest.raises(ValueError, match="probs_before_dp .* not with query_rows or fa3"):
+            MosaicBwdConfig(probs_before_dp=True, fused=True, **flags)
     q = jnp.ones((1, 8, 1, 256), BF16)
     lse = jnp.zeros((1, 1, 8), jnp.float32)
     lens = jnp.full((1,), 8, jnp.int32)

@@ -294,6 +294,22 @@ def test_interpret_dq_pingpong_changes_no_bit(case):
     _flag_changes_no_bit(case, pair_mosaic_bwd_config(case.head_dim), "dq_pingpong", True)
 
 
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, marks=() if i == 2 else pytest.mark.extended)
+        for i, c in enumerate(INTERPRET_CASES)
+    ],
+    ids=lambda c: c.id,
+)
+def test_interpret_probs_before_dp_changes_no_bit(case):
+    """`probs_before_dp` (S awaited alone and P made before dP is read, in both of the
+    pair's kernels, the dK/dV split's dK warpgroup included) moves a wait, not the
+    arithmetic: the same bits as the pair's row, and the reference's tolerance (the
+    fused kernel's plain order: tests/test_mosaic_fused.py)."""
+    _flag_changes_no_bit(case, pair_mosaic_bwd_config(case.head_dim), "probs_before_dp", True)
+
+
 # The dQ kernel's two warpgroups on one query tile (split_dq): head dims 128 and 256,
 # causal with a key length, GQA, segment ids under causal masking, and seven key tiles
 # (unmasked ones, then a ragged last one) through the two-slot ring.
@@ -501,6 +517,14 @@ def test_gpu_held_zero_changes_no_bit(case):
     then folds them; tests/test_deviceless.py checks that)."""
     config = default_mosaic_bwd_config(case.head_dim, case.causal)
     _flag_changes_no_bit(case, config, "held_zero", False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_probs_before_dp_changes_no_bit(case):
+    """probs_before_dp compiled on the pair's row for the case: the exp2 issued between
+    S's wait and dP's, the same gradients bit for bit."""
+    _flag_changes_no_bit(case, pair_mosaic_bwd_config(case.head_dim), "probs_before_dp", False)
 
 
 @pytest.mark.gpu

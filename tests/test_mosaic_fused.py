@@ -190,6 +190,14 @@ def test_interpret_step_descriptors_change_no_bit(case, config):
 
 
 @pytest.mark.extended
+def test_interpret_fused_probs_before_dp_changes_no_bit():
+    """`probs_before_dp` in the fused kernel's plain order (S^T awaited alone, P^T made
+    before dP^T is read): the same bits (FA3's order refuses it, having its own)."""
+    case, config = FUSED_CASES[0]
+    _flag_changes_no_bit(case, config, "probs_before_dp", True)
+
+
+@pytest.mark.extended
 @pytest.mark.parametrize("variant", FUSED_VARIANTS.values(), ids=FUSED_VARIANTS.keys())
 def test_interpret_fused_finds_no_data_race(capsys, variant):
     """The race detector (as test_interpret_finds_no_data_race) over the fused kernel's

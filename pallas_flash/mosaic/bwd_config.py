@@ -326,7 +326,22 @@ class MosaicBwdConfig:
       / dQ kernel) against 533 / 441, the fused default's at head dim 128 556 against
       594, and the 128-row fused candidate at head dim 64 without step descriptors is no
       longer serialized (36 wgmma groups against 192). GPU interpret mode runs it off
-      (its accumulators cannot be stored into). On; not yet timed.
+      (its accumulators cannot be stored into). On: timed at 1d6a8bd beside the same
+      rows without it, 1.05x / 1.09x at head dim 64 non-causal 2k / 8k, 1.00x / 1.06x
+      causal, 1.01x / 1.03x at head dim 128 non-causal (the fused default); the same
+      bits on all 30 compiled table rows.
+    probs_before_dp: the pair's kernels (and the fused kernel's plain order) await a
+      step's S (S^T) alone and make P from it before they await dP (dP^T), where they
+      awaited both together, so some of the exp2 runs while dP is on the tensor cores
+      (pipeline.scores_then_probs; FA3's order does so already). The same arithmetic:
+      the same bits. Compiled for the H200 without a GPU (README, "Scores' exp2 beside
+      dP"), the head-dim-64 dQ kernel's unmasked step issues its 64 FFMAs and 16 of its
+      64 exp2 between the two waits, the dK/dV kernel's about 30 and 9 (ptxas places
+      the second wait; an optimisation barrier on P changed none of it), with the same
+      instruction counts; at head dim 128 causal 31 / 41 in the unmasked steps. The
+      dK/dV split's share_probs (head dims 192-256 by default) takes P^T from the other
+      warpgroup and keeps its own order; there it moves the dQ kernel's wait only. Not
+      with query_rows or fa3_order (steps of their own). Off; not yet timed.
     """
 
     block_q_dkv: int = 64
@@ -359,6 +374,7 @@ class MosaicBwdConfig:
     rotated_adds: bool = False
     split_writer: bool = False
     held_zero: bool = True
+    probs_before_dp: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
@@ -408,6 +424,11 @@ class MosaicBwdConfig:
             raise ValueError("fused needs split_dkv=False: each consumer owns a key tile")
         if self.query_rows and not self.fused:
             raise ValueError("query_rows orders the fused kernel's step: it needs fused=True")
+        if self.probs_before_dp and (self.query_rows or self.fa3_order):
+            raise ValueError(
+                "probs_before_dp orders the plain S and dP steps: not with query_rows or "
+                "fa3_order (whose steps are their own)"
+            )
         if self.query_rows and self.fa3_order:
             raise ValueError("query_rows and fa3_order are two orders of the fused step: pick one")
         if self.share_halves and (not self.fused or self.query_rows):

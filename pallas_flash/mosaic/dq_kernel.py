@@ -30,6 +30,7 @@ from pallas_flash.mosaic.pipeline import (
     bcast,
     element_mask,
     held_zero,
+    scores_then_probs,
     start_from,
     stream_kv_tiles,
     wgmma_products,
@@ -182,25 +183,26 @@ def dq_kernel(
             k_tile, v_tile = k_smem.at[slot], v_smem.at[slot]
             plgpu.barrier_wait(k_ready.at[slot])
             plgpu.barrier_wait(v_ready.at[slot])
-            s, dp = wgmma_products(
-                [
-                    (q_a, k_tile.transpose((1, 0))),  # s = q @ k.T: [bq, bk]
-                    (do_a, v_tile.transpose((1, 0))),  # dp = do @ v.T: [bq, bk]
-                ],
-                shape,
-                after_issue=pingpong.meet,  # ours are issued: the other may issue its own
-                zero=zero,
-            )
-            plgpu.barrier_arrive(v_free.at[slot])
-            p = row_probs(
-                s,
-                lse2,
-                c,
+            pairs = [
+                (q_a, k_tile.transpose((1, 0))),  # s = q @ k.T: [bq, bk]
+                (do_a, v_tile.transpose((1, 0))),  # dp = do @ v.T: [bq, bk]
+            ]
+            probs = functools.partial(
+                row_probs,
+                lse2=lse2,
+                c=c,
                 masked=masked,
                 mask_args=(spec, config, q0, (j, bk), kv_len, diag),
                 q_segs=q_segs,
                 k_seg_ref=None if q_segs is None else kv_seg_smem.at[slot],
             )
+            # ours are issued (after_issue): the other consumer may issue its own
+            if config.probs_before_dp:  # the exp2 beside dP
+                p, dp = scores_then_probs(pairs, shape, probs, pingpong.meet, zero=zero)
+            else:
+                s, dp = wgmma_products(pairs, shape, after_issue=pingpong.meet, zero=zero)
+                p = probs(s)
+            plgpu.barrier_arrive(v_free.at[slot])
             ds = (p * (dp - bcast(delta, shape, 0))).astype(dtype)  # [bq, bk]
             pingpong.elementwise_done()
             pingpong.my_turn()  # our turn: dS K, then the next tile's S and dP

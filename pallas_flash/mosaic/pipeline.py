@@ -509,6 +509,27 @@ def wgmma_products(pairs, shape, after_issue=lambda: None, zero=None):
     return pl.run_scoped(mma, *(plgpu.ACC(shape, jnp.float32) for _ in pairs))
 
 
+def scores_then_probs(pairs, shape, probs, after_issue=lambda: None, zero=None):
+    """(P, dP) of the two products in `pairs` (S and dP, or S^T and dP^T), issued together
+    like `wgmma_products`, but S awaited alone and `probs` (P of S) made before dP is
+    read (MosaicBwdConfig.probs_before_dp): wgmma groups complete in order, so S is in
+    once at most one group is pending. Where ptxas places dP's wait is its own choice:
+    compiled for the H200, the dQ kernel's step at head dim 64 issues all 64 of its
+    FFMAs and 16 of its 64 exp2 between the two waits (README, "Scores' exp2 beside
+    dP")."""
+    (a_s, b_s), (a_dp, b_dp) = pairs
+
+    def mma(s_ref, dp_ref):
+        start_from(zero, s_ref, dp_ref)
+        plgpu.wgmma(s_ref, a_s, b_s)
+        plgpu.wgmma(dp_ref, a_dp, b_dp)
+        after_issue()
+        p = probs(plgpu.wgmma_accumulator_load(s_ref, wait_n=1))
+        return p, dp_ref[...]
+
+    return pl.run_scoped(mma, *(plgpu.ACC(shape, jnp.float32) for _ in pairs))
+
+
 def bcast(x, shape, dim: int):
     """A vector laid along dimension `dim` of `shape`, repeated along the other one."""
     return lax.broadcast_in_dim(x, shape, [dim])
