@@ -302,17 +302,23 @@ def test_interpret_finds_no_data_race(schedule):
 
 
 @pytest.mark.parametrize(
-    "head_dim,causal", [(64, True), (256, False)], ids=["h64-causal", "h256-full"]
+    "head_dim,causal",
+    [(64, True), (256, False), (64, False)],
+    ids=["h64-causal", "h256-full", "h64-full"],
 )
 def test_interpret_default_for_the_call(head_dim, causal):
     """The rows chosen by the call's length and causal flag, on a short GQA call with
-    ragged lengths: head dim 64 causal (128-key tiles, one CTA per item) and 256
-    non-causal (persistent, O through Q's buffer). P from shared memory (the
-    interpreter's form)."""
+    ragged lengths: head dim 64 causal (128-key tiles, one CTA per item), 256
+    non-causal (persistent, O through Q's buffer) and 64 non-causal (persistent, 256-key
+    tiles, the row sums on the tensor cores). P from shared memory (the interpreter's
+    form)."""
     case = Case(2, 130, 300, 4, 2, head_dim, BF16, causal=causal, kv_lens=(300, 170))
     config = default_mosaic_config(head_dim, case.seq_kv, causal)
-    assert config.persistent == (head_dim == 256)
-    assert config.block_kv == {64: 128, 256: 64}[head_dim]
+    assert config.persistent == (head_dim == 256 or not causal)
+    assert (
+        config.block_kv == {(64, True): 128, (256, False): 64, (64, False): 256}[head_dim, causal]
+    )
+    assert config.row_sum_wgmma == (head_dim == 64 and not causal)
     _compare(case, dataclasses.replace(config, p_in_registers=False), interpret=True)
 
 
