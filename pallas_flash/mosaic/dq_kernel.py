@@ -199,10 +199,11 @@ def dq_kernel(
             # ours are issued (after_issue): the other consumer may issue its own
             if config.probs_before_dp:  # the exp2 beside dP
                 p, dp = scores_then_probs(pairs, shape, probs, pingpong.meet, zero=zero)
+                plgpu.barrier_arrive(v_free.at[slot])
             else:
                 s, dp = wgmma_products(pairs, shape, after_issue=pingpong.meet, zero=zero)
+                plgpu.barrier_arrive(v_free.at[slot])
                 p = probs(s)
-            plgpu.barrier_arrive(v_free.at[slot])
             ds = (p * (dp - bcast(delta, shape, 0))).astype(dtype)  # [bq, bk]
             pingpong.elementwise_done()
             pingpong.my_turn()  # our turn: dS K, then the next tile's S and dP
