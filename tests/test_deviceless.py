@@ -98,15 +98,13 @@ def test_a_serialized_build_is_reported(tmp_path):
     assert fused["spill_store_bytes"] > 0
 
 
-def _fresh_wgmmas(impl: str, tmp_path) -> dict[str, list[int]]:
-    """Per backward kernel of the head-dim-64 non-causal row, each step's wgmmas that
-    read no accumulator (sass_loops' fresh_wgmmas)."""
+def _backward_steps(impl: str, tmp_path, field: str) -> dict[str, list]:
+    """Per backward kernel of the head-dim-64 non-causal row, `field` of each of its
+    steps (benchmarks.ptxas.sass_loops: fresh_wgmmas, beside_pending, ...)."""
     (row,) = _compiled(tmp_path, impl, 64, "false", sass=True)
     assert row["error"] is None, row["error"]
     return {
-        k["kernel"]: [
-            lp["fresh_wgmmas"] for lp in k["loops"] if lp["innermost"] and lp["mix"].get("wgmma")
-        ]
+        k["kernel"]: [lp[field] for lp in k["loops"] if lp["innermost"] and lp["mix"].get("wgmma")]
         for k in row["kernels"]
         if "_bwd_" in k["kernel"]
     }
@@ -117,26 +115,12 @@ def test_held_zero_folds_every_fresh_accumulator(tmp_path):
     dP^T (dK/dV kernel), S and dP (dQ kernel) start from zeros ptxas folds into their
     first wgmmas; with run_scoped's zeros (held_zero=false) it folds only the first of
     the two in the unmasked steps, and zeroes the other's 64 registers by moves."""
-    held = _fresh_wgmmas(M, tmp_path / "on")
-    plain = _fresh_wgmmas(f"{M}/held_zero=false", tmp_path / "off")
+    held = _backward_steps(M, tmp_path / "on", "fresh_wgmmas")
+    plain = _backward_steps(f"{M}/held_zero=false", tmp_path / "off", "fresh_wgmmas")
     assert set(held) == set(plain) and len(held) == 2, held
     for kernel, steps in held.items():
         assert steps and all(n == 2 for n in steps), (kernel, steps)
         assert min(plain[kernel]) == 1, (kernel, plain[kernel])
-
-
-def _beside_pending(impl: str, tmp_path) -> dict[str, list[int]]:
-    """Per backward kernel of the head-dim-64 non-causal row, each step's instructions
-    issued while one of its wgmma groups is pending (sass_loops' beside_pending)."""
-    (row,) = _compiled(tmp_path, impl, 64, "false", sass=True)
-    assert row["error"] is None, row["error"]
-    return {
-        k["kernel"]: [
-            lp["beside_pending"] for lp in k["loops"] if lp["innermost"] and lp["mix"].get("wgmma")
-        ]
-        for k in row["kernels"]
-        if "_bwd_" in k["kernel"]
-    }
 
 
 def test_probs_before_dp_issues_work_beside_dp(tmp_path):
@@ -145,8 +129,8 @@ def test_probs_before_dp_issues_work_beside_dp(tmp_path):
     with it issue the scores' scaling and some of their exp2 between S's wait and dP's,
     in every step of both kernels (the dQ kernel's unmasked step: its 64 FFMAs and 16
     exp2, README "Scores' exp2 beside dP")."""
-    plain = _beside_pending(M, tmp_path / "off")
-    early = _beside_pending(f"{M}/probs_before_dp=true", tmp_path / "on")
+    plain = _backward_steps(M, tmp_path / "off", "beside_pending")
+    early = _backward_steps(f"{M}/probs_before_dp=true", tmp_path / "on", "beside_pending")
     assert set(plain) == set(early) and len(plain) == 2, plain
     for kernel, steps in plain.items():
         assert steps and all(n == 0 for n in steps), (kernel, steps)

@@ -278,14 +278,15 @@ def test_interpret_dkdv_q_multicast_changes_no_bit(case):
 DQ_PINGPONG_CASES = [c for c in INTERPRET_CASES if c.head_dim <= 128]
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(c, marks=() if i == 2 else pytest.mark.extended)
-        for i, c in enumerate(DQ_PINGPONG_CASES)
-    ],
-    ids=lambda c: c.id,
-)
+def _one_in_ci(cases, index: int = 2):
+    """`cases` as parameters, all but `cases[index]` in the extended tier."""
+    return [
+        pytest.param(c, marks=() if i == index else pytest.mark.extended, id=c.id)
+        for i, c in enumerate(cases)
+    ]
+
+
+@pytest.mark.parametrize("case", _one_in_ci(DQ_PINGPONG_CASES))
 def test_interpret_dq_pingpong_changes_no_bit(case):
     """`dq_pingpong` (the dQ kernel's warpgroups taking turns, in the mbarrier form GPU
     interpret mode runs) orders the products, not their arithmetic: the same bits, and
@@ -294,14 +295,7 @@ def test_interpret_dq_pingpong_changes_no_bit(case):
     _flag_changes_no_bit(case, pair_mosaic_bwd_config(case.head_dim), "dq_pingpong", True)
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(c, marks=() if i == 2 else pytest.mark.extended)
-        for i, c in enumerate(INTERPRET_CASES)
-    ],
-    ids=lambda c: c.id,
-)
+@pytest.mark.parametrize("case", _one_in_ci(INTERPRET_CASES))
 def test_interpret_probs_before_dp_changes_no_bit(case):
     """`probs_before_dp` (S awaited alone and P made before dP is read, in both of the
     pair's kernels, the dK/dV split's dK warpgroup included) moves a wait, not the
