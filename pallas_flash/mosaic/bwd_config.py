@@ -333,8 +333,8 @@ class MosaicBwdConfig:
     probs_before_dp: the pair's kernels (and the fused kernel's plain order) await a
       step's S (S^T) alone and make P from it before they await dP (dP^T), where they
       awaited both together, so some of the exp2 runs while dP is on the tensor cores
-      (pipeline.scores_then_probs; FA3's order does so already). The same arithmetic:
-      the same bits. Compiled for the H200 without a GPU (README, "Scores' exp2 beside
+      (pipeline.wgmma_products with `first`; FA3's order does so already). The same
+      arithmetic: the same bits. Compiled for the H200 without a GPU (README, "Scores' exp2 beside
       dP"), the head-dim-64 dQ kernel's unmasked step issues its 64 FFMAs and 16 of its
       64 exp2 between the two waits, the dK/dV kernel's about 30 and 9 (ptxas places
       the second wait; an optimisation barrier on P changed none of it), with the same

@@ -31,7 +31,6 @@ from pallas_flash.mosaic.pipeline import (
     bcast,
     element_mask,
     held_zero,
-    scores_then_probs,
     start_from,
     wgmma_products,
     zeros_from,
@@ -472,13 +471,10 @@ def dkdv_kernel(
             pairs = [(k_a, q_tile.transpose((1, 0)))]  # s^T = k @ q.T: [bk, bq]
             if does_dk:
                 pairs.append((v_a, do_tile.transpose((1, 0))))  # dp^T = v @ do.T: [bk, bq]
-            if config.probs_before_dp and does_dk:  # the exp2 beside dP^T
-                probs_of = functools.partial(probs, i=i, slot=slot, masked=masked)
-                p_t, dp_t = scores_then_probs(pairs, shape, probs_of, zero=zero)
-                products = (None, dp_t)
-            else:
-                products = wgmma_products(pairs, shape, zero=zero)
-                p_t = probs(products[0], i, slot, masked)
+            probs_of = functools.partial(probs, i=i, slot=slot, masked=masked)
+            early = config.probs_before_dp and does_dk  # the exp2 beside dP^T
+            products = wgmma_products(pairs, shape, zero=zero, first=probs_of if early else None)
+            p_t = products[0] if early else probs_of(products[0])
             terms = []
             if does_dv:
                 terms.append((carry[0], p_t.astype(dtype), do_tile))  # dv += p^T @ do: [bk, hp]

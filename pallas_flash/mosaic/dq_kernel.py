@@ -30,7 +30,6 @@ from pallas_flash.mosaic.pipeline import (
     bcast,
     element_mask,
     held_zero,
-    scores_then_probs,
     start_from,
     stream_kv_tiles,
     wgmma_products,
@@ -196,14 +195,16 @@ def dq_kernel(
                 q_segs=q_segs,
                 k_seg_ref=None if q_segs is None else kv_seg_smem.at[slot],
             )
-            # ours are issued (after_issue): the other consumer may issue its own
-            if config.probs_before_dp:  # the exp2 beside dP
-                p, dp = scores_then_probs(pairs, shape, probs, pingpong.meet, zero=zero)
-                plgpu.barrier_arrive(v_free.at[slot])
-            else:
-                s, dp = wgmma_products(pairs, shape, after_issue=pingpong.meet, zero=zero)
-                plgpu.barrier_arrive(v_free.at[slot])
-                p = probs(s)
+            early = config.probs_before_dp  # the exp2 beside dP
+            s_or_p, dp = wgmma_products(
+                pairs,
+                shape,
+                after_issue=pingpong.meet,  # ours are issued: the other may issue its own
+                zero=zero,
+                first=probs if early else None,
+            )
+            plgpu.barrier_arrive(v_free.at[slot])
+            p = s_or_p if early else probs(s_or_p)
             ds = (p * (dp - bcast(delta, shape, 0))).astype(dtype)  # [bq, bk]
             pingpong.elementwise_done()
             pingpong.my_turn()  # our turn: dS K, then the next tile's S and dP

@@ -494,38 +494,28 @@ def start_from(zero, *acc_refs):
         acc_ref[...] = zeros_from(acc_ref.shape, zero)
 
 
-def wgmma_products(pairs, shape, after_issue=lambda: None, zero=None):
+def wgmma_products(pairs, shape, after_issue=lambda: None, zero=None, first=None):
     """[a @ b for (a, b) in pairs], both shared-memory refs, into fresh float32
     accumulators of `shape` (starting from `zero`, `start_from`), issued together and
-    awaited once; `after_issue` runs between the two (a ping-pong's hand-over)."""
+    awaited once; `after_issue` runs between the two (a ping-pong's hand-over).
+
+    With `first` (MosaicBwdConfig.probs_before_dp), the first product is awaited alone
+    and `first` of it (P of S) is made before the rest are read, so it runs while they
+    are on the tensor cores: wgmma groups complete in order, so the first is in once the
+    others are the only ones pending. Where ptxas places the later wait is its own
+    choice: compiled for the H200, the dQ kernel's step at head dim 64 issues all 64 of
+    its FFMAs and 16 of its 64 exp2 between the two waits (README, "Scores' exp2 beside
+    dP")."""
 
     def mma(*acc_refs):
         start_from(zero, *acc_refs)
         for acc_ref, (a, b) in zip(acc_refs, pairs):
             plgpu.wgmma(acc_ref, a, b)
         after_issue()
-        return tuple(acc_ref[...] for acc_ref in acc_refs)
-
-    return pl.run_scoped(mma, *(plgpu.ACC(shape, jnp.float32) for _ in pairs))
-
-
-def scores_then_probs(pairs, shape, probs, after_issue=lambda: None, zero=None):
-    """(P, dP) of the two products in `pairs` (S and dP, or S^T and dP^T), issued together
-    like `wgmma_products`, but S awaited alone and `probs` (P of S) made before dP is
-    read (MosaicBwdConfig.probs_before_dp): wgmma groups complete in order, so S is in
-    once at most one group is pending. Where ptxas places dP's wait is its own choice:
-    compiled for the H200, the dQ kernel's step at head dim 64 issues all 64 of its
-    FFMAs and 16 of its 64 exp2 between the two waits (README, "Scores' exp2 beside
-    dP")."""
-    (a_s, b_s), (a_dp, b_dp) = pairs
-
-    def mma(s_ref, dp_ref):
-        start_from(zero, s_ref, dp_ref)
-        plgpu.wgmma(s_ref, a_s, b_s)
-        plgpu.wgmma(dp_ref, a_dp, b_dp)
-        after_issue()
-        p = probs(plgpu.wgmma_accumulator_load(s_ref, wait_n=1))
-        return p, dp_ref[...]
+        if first is None:
+            return tuple(acc_ref[...] for acc_ref in acc_refs)
+        head = first(plgpu.wgmma_accumulator_load(acc_refs[0], wait_n=len(acc_refs) - 1))
+        return (head, *(acc_ref[...] for acc_ref in acc_refs[1:]))
 
     return pl.run_scoped(mma, *(plgpu.ACC(shape, jnp.float32) for _ in pairs))
 
