@@ -25,7 +25,7 @@ and what folds to them aside, by type, after MLIR's common-subexpression elimina
 loop-invariant code motion (`step_live_ins`): what the compiler will hold in registers
 across the steps (LLVM's own CSE and hoisting run on the GPU; MLIR's stand in here).
 64-bit ones are wgmma descriptors and addresses: the fused backward in FA3's order holds
-32 of them per step (the hoisted descriptors its SASS spilled, README), and none with
+32 of them per step (the hoisted descriptors its SASS spilled, docs/mosaic.md), and none with
 `step_descriptors`."""
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from 1 in the order they appear. Then:
 and the edited module goes through the local ptxas (`benchmarks.ptxas.assemble`), which
 prints registers, spills and serialized wgmmas (C7512). The edits break what the kernel
 computes: they price what each part of it costs ptxas, in seconds a try, without a
-device (README, "Where the fused kernel's C7512 comes from").
+device (docs/mosaic.md, "Where the fused kernel's C7512 comes from").
 """
 
 from __future__ import annotations

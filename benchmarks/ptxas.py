@@ -15,7 +15,7 @@ stack frame, spill stores and spill loads (bytes), and ptxas's "Potential Perfor
 Loss" warnings (wgmmas it had to serialize). A warp-specialised kernel sets its
 warpgroups' register budgets itself (setmaxnreg), so a spill here means some warpgroup
 holds more than its budget: the first thing to rule out when a kernel is slower than
-its matmul count says (the fused backward, README). With --sass it also keeps each
+its matmul count says (the fused backward, docs/mosaic.md). With --sass it also keeps each
 child's SASS and adds to each kernel its local loads and stores by register budget
 (`spill_regions`), its wgmmas and the groups they are issued in (`wgmma_groups`: one
 per instruction where ptxas serialized them) and its loops' instruction mix and stack
@@ -184,7 +184,7 @@ def _local_traffic(body: list[tuple[int, str, str]]) -> dict:
     (a move into the uniform registers, which wgmma descriptors are read from); and
     `fixed_slots`, the stack slots the loop loads but never stores, values fixed across
     its iterations (at 9f95796 the fused backward's steps loaded 16-39 such slots each,
-    README)."""
+    docs/mosaic.md)."""
     loads = stores = to_uniform = 0
     loaded, stored = set(), set()
     for i, (_, op, text) in enumerate(body):
@@ -289,7 +289,7 @@ def wgmma_groups(sass: str) -> dict[str, dict[str, int]]:
     where ptxas serializes the wgmmas (its warning C7512) every HGMMA carries it and is
     awaited before the next is issued, so groups == wgmmas says no matmul overlaps
     anything, not even the next 16 columns of its own K (at 67e6e1c the fused backward at
-    head dim 128: 192 of 192; the pair's dK/dV kernel 72 in 12 groups, README)."""
+    head dim 128: 192 of 192; the pair's dK/dV kernel 72 in 12 groups, docs/mosaic.md)."""
     out = {}
     for fn, lines in _sass_functions(sass).items():
         wgmmas = [line for line in lines if _SASS_WGMMA.search(line)]

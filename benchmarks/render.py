@@ -197,7 +197,7 @@ def latest_table(
     the run's default was later reverted); a forward ratio counts only from a
     run that also timed every peer in `required`. The runs used are listed below, each
     with its pre-roll where it had one (bench.PREROLL_S: runs before it favoured a peer
-    whose backward is slow in the forward, README "Power limit and the pre-roll")."""
+    whose backward is slow in the forward, docs/mosaic.md, "Power limit and the pre-roll")."""
     points = collections.defaultdict(lambda: collections.defaultdict(dict))
     preroll: dict[str, float] = {}
     for r in rows:

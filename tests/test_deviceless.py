@@ -9,8 +9,8 @@ ptxas's report of every kernel.
 
 What they hold the defaults to: ptxas serializes no wgmma in any of them ("Potential
 Performance Loss", C7512: on the H200 that alone cost the fused backward half its
-speed, README "C7512"), and the forward kernels spill nothing. The same for the fused
-backward's candidates at head dim 64 that wait to be timed (README, "Compiled here, for
+speed, docs/mosaic.md, "C7512"), and the forward kernels spill nothing. The same for the fused
+backward's candidates at head dim 64 that wait to be timed (docs/mosaic.md, "Compiled here, for
 the H200"), so that the device time they are given is not spent on a serialized build.
 """
 
@@ -89,8 +89,8 @@ def test_a_serialized_build_is_reported(tmp_path):
     """The check above can fail: the 128-row candidate without step descriptors, its
     fresh accumulators zeroed by moves (held_zero=false), is one ptxas serializes (every
     wgmma its own group) and spills in, as the fused kernel in FA3's order was on the
-    H200 before step_descriptors (README, "C7512"). With held_zero it is not: 36 groups,
-    80 bytes of spill stores against 2,004 (README, "Zeros held across the loop")."""
+    H200 before step_descriptors (docs/mosaic.md, "C7512"). With held_zero it is not: 36 groups,
+    80 bytes of spill stores against 2,004 (docs/mosaic.md, "Zeros held across the loop")."""
     build = CANDIDATES["h64-rows"].replace("/step_descriptors=true", "/held_zero=false")
     (row,) = _compiled(tmp_path, build, 64, "false")
     (fused,) = [k for k in row["kernels"] if "_bwd_fused" in k["kernel"]]
@@ -128,7 +128,7 @@ def test_probs_before_dp_issues_work_beside_dp(tmp_path):
     await S and dP together without it (no instruction while a product is pending), and
     with it issue the scores' scaling and some of their exp2 between S's wait and dP's,
     in every step of both kernels (the dQ kernel's unmasked step: its 64 FFMAs and 16
-    exp2, README "Scores' exp2 beside dP")."""
+    exp2, docs/mosaic.md, "Scores' exp2 beside dP")."""
     plain = _backward_steps(M, tmp_path / "off", "beside_pending")
     early = _backward_steps(f"{M}/probs_before_dp=true", tmp_path / "on", "beside_pending")
     assert set(plain) == set(early) and len(plain) == 2, plain

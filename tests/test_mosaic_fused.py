@@ -59,10 +59,10 @@ FUSED_ROWS = MosaicBwdConfig(fused=True, block_q_dkv=128)
 # dS^T in share_halves' 64-byte swizzle (dq_part's third form). Half of FUSED_ROWS's
 # score tile and a 32-column share slice, the registers a consumer holds at head dim 64.
 FUSED_NARROW = MosaicBwdConfig(fused=True, block_q_dkv=64, share_halves=True)
-# ... and as it is timed against the pair (README, "A narrow share at head dim 64"): from
+# ... and as it is timed against the pair (docs/mosaic.md, "A narrow share at head dim 64"): from
 # the pair's row, in FA3's order, with two writer warps. Without step descriptors: compiled
 # for the H200 here, its unmasked step is 438 instructions against 503 with them, and
-# ptxas spills 8 bytes against 4 (README, "Compiled here, for the H200").
+# ptxas spills 8 bytes against 4 (docs/mosaic.md, "Compiled here, for the H200").
 NARROW_CANDIDATE = dataclasses.replace(
     pair_mosaic_bwd_config(64),
     q_do_in_registers=False,

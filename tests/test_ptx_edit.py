@@ -1,5 +1,5 @@
 """benchmarks.ptx_edit: finding a consumer's tile loops in PTX, cutting them, rewriting its
-register budget, counting a loop's invariants; and, where ptxas is here, the README's
+register budget, counting a loop's invariants; and, where ptxas is here, docs/mosaic.md's
 finding on the fused backward's committed PTX (results/mosaic-29ce459/ptx-fused.tgz)."""
 
 import pathlib
@@ -132,7 +132,8 @@ def _fused_report(tmp_path, capsys, archive: str, *base: str):
 def test_first_loop_is_what_serializes_the_fused_backward(tmp_path, capsys):
     """The fused backward at 29ce459 (head dim 128, causal): ptxas serializes its wgmmas
     (C7512); with the first tile loop cut from each consumer it does not, and with the
-    third cut instead it still does (README, "Where the fused kernel's C7512 comes from")."""
+    third cut instead it still does (docs/mosaic.md, "Where the fused kernel's C7512 comes
+    from")."""
     report = _fused_report(tmp_path, capsys, "mosaic-29ce459/ptx-fused.tgz")
     assert "C7512" in report()
     cut_first = report("--cut-loop", "1")
@@ -145,7 +146,7 @@ def test_hiding_the_first_loops_step_alone_still_serializes(tmp_path, capsys):
     """da32c91's fused backward (every loop's step index hidden from LLVM), with loops 2
     and 3 given their plain offsets back: what hiding only the first loop's step would
     make. ptxas still serializes its wgmmas, and with the unmasked loop cut it does not
-    (README, "Where the fused kernel's C7512 comes from")."""
+    (docs/mosaic.md, "Where the fused kernel's C7512 comes from")."""
     first_only = ("--unhide-loop", "2", "--unhide-loop", "3")
     report = _fused_report(tmp_path, capsys, "mosaic-da32c91/ptx-fused-opaque.tgz", *first_only)
     assert "C7512" in report()
@@ -157,7 +158,7 @@ def test_the_dq_share_is_what_the_consumers_lack(tmp_path, capsys):
     """da32c91's fused backward (causal, head dim 128; descriptors rebuilt in every loop):
     with no dQ share in the consumers' registers ptxas neither spills nor serializes at
     their 232 registers; with half of it (16 accumulators) it serializes at 232 and is
-    clean at 240, the budget of three warpgroups (README, "Where the fused kernel's C7512
+    clean at 240, the budget of three warpgroups (docs/mosaic.md, "Where the fused kernel's C7512
     comes from")."""
     report = _fused_report(tmp_path, capsys, "mosaic-da32c91/ptx-fused-opaque.tgz")
     clean = "spills 0 B stored"

@@ -96,7 +96,7 @@ class MosaicBwdConfig:
       (dkdv_kernel.fa3_step): the exp2 runs beside dP^T's wgmma, dS^T is stored and
       exchanged while dV's runs, the dQ share and dK queue behind it and the share is
       handed over while dK's runs; otherwise every group of wgmmas is awaited before the
-      next work starts (about half the pair's matmul throughput on the H200, README).
+      next work starts (about half the pair's matmul throughput on the H200, docs/mosaic.md).
       Not yet measured, so off.
     row_bound_mask: boundary tiles mask from each query's key bounds against the key
       iota (pipeline.bound_mask), as `MosaicConfig.row_bound_mask` does in the forward,
@@ -126,7 +126,7 @@ class MosaicBwdConfig:
       step_operands), so that each step rebuilds their wgmma descriptors (a 64-bit add
       each) rather than the compiler building them all before the loop and holding
       them: at 9f95796 the fused kernel spilled them, 10-18 stack reloads bound for
-      R2UR in every step (README, "The fused kernel's own SASS"). Lowered on CPU with
+      R2UR in every step (docs/mosaic.md, "The fused kernel's own SASS"). Lowered on CPU with
       MLIR's loop-invariant code motion standing in for LLVM's (`python -m
       benchmarks.lowered_ops --kernel backward --head-dim 128 --live-ins --base
       fused=true fa3_order=true --set step_descriptors=true`), each fused step reads 32
@@ -156,7 +156,7 @@ class MosaicBwdConfig:
       memory into dV = P^T dO and dK = dS^T Q (no wgmma operand in registers, no staging
       buffer), dS computed beside dV's wgmma; the dQ share reads dS in place. Meant to
       take the consumers under the registers at which ptxas serializes every wgmma of
-      the S^T step (C7512, README). Checked in GPU interpret mode (the reference, no
+      the S^T step (C7512, docs/mosaic.md). Checked in GPU interpret mode (the reference, no
       data race); lowered for sm_90 on CPU; compiled on the H200 at c864512 it passes
       its 25 reference rows but still serializes every wgmma (C7512, 624 bytes of
       spills) and runs its backward at 0.59x / 0.58x the pair's (head dim 128 causal
@@ -240,7 +240,7 @@ class MosaicBwdConfig:
       slice held 32. Those 32, beside dK, dV, S^T and dP^T, are what tips ptxas into
       serializing every wgmma (C7512): on the dumped PTX a share of half the width
       (`benchmarks.ptx_edit --share half`) leaves it unserialized at 232 registers
-      non-causal and at 240 causal (README, "The dQ share is what the consumers lack").
+      non-causal and at 240 causal (docs/mosaic.md, "The dQ share is what the consumers lack").
       A half is 32 columns, and a wgmma's two operands share one swizzle, so K, Q and
       the dS^T tiles take the 64-byte swizzle (NARROW_SWIZZLE) rather than 128.
       Compiled at 2b60086 with writer_warp, in FA3's order with step_descriptors (head
@@ -249,13 +249,13 @@ class MosaicBwdConfig:
       backward 433.3 / 408.3 TFLOP/s at 8k against 442.1 / 397.5 without the two
       (0.98x / 1.03x; the pair 460.1 / 445.5, cuDNN 509.5 / 473.1); 6 of the 25
       compiled reference rows ran, and passed. Off: the serialization was not what
-      held the fused kernel back (README, "Half shares"); the default at head dim 128
+      held the fused kernel back (docs/mosaic.md, "Half shares"); the default at head dim 128
       non-causal takes it with the two writer warps (fused_full_bwd_config). At head
       dim 64 with 64-row query tiles (block_q_dkv=64) the narrow swizzle lets the
       consumers split the share's columns, 32 each (one piece; `dq_part`), where
       without it they need 128-row tiles and split the rows: half the score tiles'
       registers. Lowered for sm_90 and checked in GPU interpret mode (12-04), not yet
-      compiled (README, "A narrow share at head dim 64").
+      compiled (docs/mosaic.md, "A narrow share at head dim 64").
     writer_warp: fused: the ordered dQ adds (dq_adds.writer) run in one warp of the
       producer's warpgroup, beside the loads in another, instead of in a fourth
       warpgroup: three warpgroups as in FA3's backward, so each consumer gets 240
@@ -271,7 +271,7 @@ class MosaicBwdConfig:
       starts its own part's wgmmas from it (its accumulator loaded with consumer 0's
       sum) and hands the total to the writer. So consumer 0 may run up to a step ahead
       of consumer 1 rather than meeting it at every step's dS^T exchange, where both
-      then ran their exp2 at once with the tensor cores idle (README, "Half shares":
+      then ran their exp2 at once with the tensor cores idle (docs/mosaic.md, "Half shares":
       under Nsight Compute the fused kernel's tensor cores were busy 46 % of the time,
       the pair's dK/dV kernel's, whose consumers never meet, 73 %). Deterministic (the
       same sums in the same order every call) but not the unchained kernel's bits (the
@@ -282,7 +282,7 @@ class MosaicBwdConfig:
       Compiled at c1517e4 it passed the reference on the 15 of its 25 table rows
       that ran (`results/mosaic-c1517e4/mosaic-tests-chained.log`), and ran the
       backward at 0.93x the unchained kernel with share_halves at head dim 128
-      non-causal 8k (400.2 against 431.4 TFLOP/s, README "What the fused kernel's
+      non-causal 8k (400.2 against 431.4 TFLOP/s, docs/mosaic.md, "What the fused kernel's
       dQ costs"): off.
     rotated_adds: fused: the ordered dQ adds go in the order the visitors arrive
       when every CTA runs at one pace, so no turn is waited for. Each CTA walks its
@@ -293,7 +293,7 @@ class MosaicBwdConfig:
       the span that reached it first (`dq_adds.turn`). The plain order waits at every
       tile for each span below (all of a head arrive together): at head dim 128 8k
       the backward without its turns (wrong sums) runs 1.07x non-causal and 1.13x
-      causal (README, "What the fused kernel's dQ costs"). A span may wait on a span
+      causal (docs/mosaic.md, "What the fused kernel's dQ costs"). A span may wait on a span
       of higher index, so the grid is laid out with a head's spans launched
       together, and a head may have at most as many key spans as the GPU has SMs
       (ValueError above that).
@@ -301,7 +301,7 @@ class MosaicBwdConfig:
       Compiled at af0f5db (share_halves, writer_warp, FA3's order, step_descriptors)
       it passed the benchmark's reference check and the 10 of 25 compiled table rows
       that ran, and ran the backward at 0.96x / 0.94x the plain order at head dim 128 8k
-      non-causal / causal (407.0 / 390.8 against 425.9 / 414.5 TFLOP/s, README "Turns
+      non-causal / causal (407.0 / 390.8 against 425.9 / 414.5 TFLOP/s, docs/mosaic.md, "Turns
       in arrival order"): off.
     split_writer: fused, writer_warp: the ordered adds in two warps of the
       producer's warpgroup (two of its warps idled), one a writer slot, so the adds
@@ -309,19 +309,19 @@ class MosaicBwdConfig:
       writer takes a slot's share, waits its turn, sends the TMA reduce, waits for
       it to be read and then to land, and hands the turn on before it takes the next
       slot; left out by a diagnostic build, the adds cost 0.80 ms of the fused
-      backward's 6.37 at head dim 128 8k and the consumers wait on the slots (README,
+      backward's 6.37 at head dim 128 8k and the consumers wait on the slots (docs/mosaic.md,
       "What the fused kernel's dQ costs"). The same adds in the same order: the same
       bits. Checked in GPU interpret mode (the reference, the race detector) and
       lowered for sm_90 on CPU; compiled at 9651b8e, one writer's bits on the 11 of 25
       table rows that ran, and 1.02-1.05x the pair at head dim 128 non-causal, where
-      it is in the default since c8bc107 (BWD_FUSED_FULL below; README, "Two writer
+      it is in the default since c8bc107 (BWD_FUSED_FULL below; docs/mosaic.md, "Two writer
       warps").
     held_zero: the backward kernels' fresh wgmma accumulators (S^T and dP^T, S and
       dP, the fused kernel's dQ share) start from one zero computed before their loops
       (pipeline.held_zero), not from run_scoped's constant zeros, so that ptxas issues
       their first wgmmas without reading an accumulator in every step, rather than
       zeroing 32-64 registers with a move each in most steps. The same zeros: the same
-      gradients. Compiled for the H200 without a GPU (README, "Zeros held across the
+      gradients. Compiled for the H200 without a GPU (docs/mosaic.md, "Zeros held across the
       loop"): the head-dim-64 pair's unmasked steps issue 470 / 378 instructions (dK/dV
       / dQ kernel) against 533 / 441, the fused default's at head dim 128 556 against
       594, and the 128-row fused candidate at head dim 64 without step descriptors is no
@@ -334,11 +334,11 @@ class MosaicBwdConfig:
       step's S (S^T) alone and make P from it before they await dP (dP^T), where they
       awaited both together, so some of the exp2 runs while dP is on the tensor cores
       (pipeline.wgmma_products with `first`; FA3's order does so already). The same
-      arithmetic: the same bits. Compiled for the H200 without a GPU (README, "Scores' exp2 beside
-      dP"), the head-dim-64 dQ kernel's unmasked step issues its 64 FFMAs and 16 of its
-      64 exp2 between the two waits, the dK/dV kernel's about 30 and 9 (ptxas places
-      the second wait; an optimisation barrier on P changed none of it), with the same
-      instruction counts; at head dim 128 causal 31 / 41 in the unmasked steps. The
+      arithmetic: the same bits. Compiled for the H200 without a GPU (docs/mosaic.md,
+      "Scores' exp2 beside dP"), the head-dim-64 dQ kernel's unmasked step issues its 64
+      FFMAs and 16 of its 64 exp2 between the two waits, the dK/dV kernel's about 30 and
+      9 (ptxas places the second wait; an optimisation barrier on P changed none of it),
+      with the same instruction counts; at head dim 128 causal 31 / 41 in the unmasked steps. The
       dK/dV split's share_probs (head dims 192-256 by default) takes P^T from the other
       warpgroup and keeps its own order; there it moves the dQ kernel's wait only. Not
       with query_rows or fa3_order (steps of their own). Off; not yet timed.

@@ -218,7 +218,7 @@ class MosaicConfig:
       off, each element's key column is compared with the row's bound, and for a tile
       of more than 32 columns a thread ptxas rebuilt each column's iota from the thread
       index (an S2R and four integer instructions before a compare). The same mask
-      (tests/test_masks.py). Compiled for the H200 without a GPU (README, "Compiled
+      (tests/test_masks.py). Compiled for the H200 without a GPU (docs/mosaic.md, "Compiled
       here, for the H200"), the head-dim-64 causal forward's masked step at 4k keys
       (256-key tiles) is 1,000 instructions against 1,184 and spills nothing (24 bytes
       off); with 128-key tiles 4 more (565 against 561) and its unmasked step 6 fewer
@@ -265,7 +265,7 @@ class MosaicConfig:
       barriers (`bar.arrive` / `bar.sync`, pipeline.PingPong) rather than a shared-memory
       mbarrier that both consumers meet at twice a step (each of whose arrivals is 128
       threads' atomics on shared memory). tokamax's forward hands its turns over so, and
-      at head dim 256 runs 1.10-1.11x ours with our tiles (README, "Wider key tiles");
+      at head dim 256 runs 1.10-1.11x ours with our tiles (docs/mosaic.md, "Wider key tiles");
       lowered for sm_90, its step and ours otherwise hold the same arithmetic. Compiled
       only: GPU interpret mode runs no inline PTX, and there it is off. Not with
       intra_overlap. Off in the field, on in the default rows (NAMED_TURNS_DEFAULT,
@@ -273,7 +273,7 @@ class MosaicConfig:
     named_releases: the consumers release each K and V slot with `bar.arrive` on a
       hardware named barrier and the producer waits with `bar.sync` (pipeline.NamedSlots),
       rather than 128 threads of each consumer arriving on a shared-memory mbarrier that
-      the producer polls: tokamax's other synchronisation (README, "Wider key tiles").
+      the producer polls: tokamax's other synchronisation (docs/mosaic.md, "Wider key tiles").
       Compiled only, as named_turns. Not with kv_multicast (cluster barriers) or
       intra_overlap; at most MAX_NAMED_STAGES stages (16 barriers a CTA: 2 for the turns,
       2 per stage here, and Mosaic GPU's own). Compiled, the default's bits on all 30 rows of
@@ -342,7 +342,7 @@ class MosaicConfig:
       [64, 8] tile of ones in shared memory, into a [block_q, 8] accumulator (every
       column a row sum) that is rescaled with O. At head dim 64 a thread's step spends
       about one FADD per score element on the sum; compiled for the H200 without a GPU
-      (README, "Row sums on the tensor cores") the unmasked steps issue 627 / 628
+      (docs/mosaic.md, "Row sums on the tensor cores") the unmasked steps issue 627 / 628
       instructions against 740 / 741 at head dim 64 (256-key tiles, causal 4k / not)
       and 429 against 488 at 128, for wgmmas of N = 8 beside the P V's N = 64 (6 % more
       matmul work at head dim 64), and spill nothing. The sum is then of P as the P V

@@ -437,7 +437,7 @@ def dkdv_kernel(
             stay in place. With `config.step_descriptors` they are addressed through
             `z`, which is 0 (steps count from 0) but not to the compiler, so each step
             builds their wgmma descriptors anew instead of holding them all across the
-            loop (where the fused kernel spilled them, README)."""
+            loop (where the fused kernel spilled them, docs/mosaic.md)."""
             if not config.step_descriptors:
                 return k_tile, v_tile, 0
             z = lax.shift_right_logical(step, 31)

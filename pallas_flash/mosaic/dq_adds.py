@@ -43,7 +43,7 @@ emptied yet. (One dS^T buffer, two share slots: at head dim 128 that is what fit
 227 KiB beside K, V and the two-stage Q/dO ring; the consumers run in step, so the
 buffer is free again long before it is needed.)
 
-Two options change who adds when (README, "What the fused kernel's dQ costs"; the first
+Two options change who adds when (docs/mosaic.md, "What the fused kernel's dQ costs"; the first
 off, the second in the fused default, config.BWD_FUSED_FULL). `rotated_adds`: the CTAs
 walk their query tiles upward and a tile's adds go in decreasing span order, or where no
 mask cuts the spans each CTA's walk is rotated by its index and the turns go round from

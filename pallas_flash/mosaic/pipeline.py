@@ -159,7 +159,7 @@ class PingPong:
     The meet also waits for the other's previous elementwise work, so the two softmaxes
     never overlap. FA3's and tokamax's one-way hand-over (one arrive after issuing, one
     wait before the next products) avoids that; built here as an option at ac9dc15 and
-    timed at 41958b0, it ran 0.96-1.00x this rendezvous at head dim 128 (README), so it
+    timed at 41958b0, it ran 0.96-1.00x this rendezvous at head dim 128 (docs/mosaic.md), so it
     was removed.
 
     `named` (MosaicConfig.named_turns): the one-way hand-over again, on the SM's
@@ -504,7 +504,7 @@ def wgmma_products(pairs, shape, after_issue=lambda: None, zero=None, first=None
     are on the tensor cores: wgmma groups complete in order, so the first is in once the
     others are the only ones pending. Where ptxas places the later wait is its own
     choice: compiled for the H200, the dQ kernel's step at head dim 64 issues all 64 of
-    its FFMAs and 16 of its 64 exp2 between the two waits (README, "Scores' exp2 beside
+    its FFMAs and 16 of its 64 exp2 between the two waits (docs/mosaic.md, "Scores' exp2 beside
     dP")."""
 
     def mma(*acc_refs):
