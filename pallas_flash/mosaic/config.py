@@ -482,7 +482,7 @@ class MosaicConfig:
     @property
     def ones_tile(self) -> tuple[int, int]:
         """row_sum_wgmma's tile of ones, a consumer's: ROW_SUM_COLS rows and 256 columns,
-        of which the wgmmas read the first 64 (forward.ONES_KEYS); a warpgroup fills it
+        of which the wgmmas read the first 64 (fwd_kernel.ONES_KEYS); a warpgroup fills it
         in whole 128-byte swizzle tiles, four at a time (Mosaic GPU's register-to-shared
         copy layout takes no fewer)."""
         return ROW_SUM_COLS, 256

@@ -528,7 +528,7 @@ def dkdv_kernel(
         plgpu.commit_smem()
         for tile, _, ref in outs:
             plgpu.copy_smem_to_gmem(tile, ref.at[b, pl.ds(kw0, bk), kv_head])
-        # The CTA ends: the tiles only have to be read out (forward.py's epilogue says why).
+        # The CTA ends: the tiles only have to be read out (fwd_kernel.py's epilogue says why).
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     if config.split_dkv:

@@ -1,4 +1,4 @@
-"""Building blocks the Mosaic GPU kernels share (forward.py, backward.py and its kernels):
+"""Building blocks the Mosaic GPU kernels share (fwd_kernel.py, and backward.py's kernels):
 the producer's TMA stream of K/V tiles into a ring of shared-memory slots and its
 free/ready barriers (`stream_kv_tiles`, `drain_ring`, named-barrier slots), FA3's
 ping-pong of two consumer warpgroups (`PingPong`), the persistent grid's work order,
