@@ -161,7 +161,8 @@ def config_overrides(items, classes: dict[str, type], context: str) -> dict[str,
     return overrides
 
 
-def _mosaic_variant(name: str) -> Impl:
+def _variant_overrides(name: str) -> tuple[bool, dict[str, dict]]:
+    """(whether the variant starts from the pair's backward, its config fields)."""
     items = name[len(VARIANT_BASE) + 1 :].split("/")
     pair = items[0] == PAIR
     overrides = config_overrides(
@@ -169,16 +170,31 @@ def _mosaic_variant(name: str) -> Impl:
         {"fwd": mosaic_config.MosaicConfig, "bwd": bwd_config.MosaicBwdConfig},
         f"implementation {name!r}",
     )
+    return pair, overrides
+
+
+def variant_configs(name: str, head_dim: int, seq_k: int, causal: bool):
+    """The (forward, backward) configs a Mosaic variant (`lookup`) runs at this head dim,
+    key length and causal flag: the default rows (or the pair's backward) with the
+    variant's fields replaced. Raises ValueError for a field no config has, or for a
+    combination the configs refuse."""
+    pair, overrides = _variant_overrides(name)
+    fwd = mosaic_config.default_mosaic_config(head_dim, seq_k, causal)
+    if pair:
+        bwd = bwd_config.pair_mosaic_bwd_config(head_dim)
+    else:
+        bwd = bwd_config.default_mosaic_bwd_config(head_dim, causal)
+    return (
+        dataclasses.replace(fwd, **overrides["fwd"]),
+        dataclasses.replace(bwd, **overrides["bwd"]),
+    )
+
+
+def _mosaic_variant(name: str) -> Impl:
+    _variant_overrides(name)  # a field no config has fails here, at lookup
 
     def fn(q, k, v, *, causal, **extra):
-        h = q.shape[-1]
-        fwd = mosaic_config.default_mosaic_config(h, k.shape[1], causal)
-        fwd = dataclasses.replace(fwd, **overrides["fwd"])
-        if pair:
-            bwd = bwd_config.pair_mosaic_bwd_config(h)
-        else:
-            bwd = bwd_config.default_mosaic_bwd_config(h, causal)
-        bwd = dataclasses.replace(bwd, **overrides["bwd"])
+        fwd, bwd = variant_configs(name, q.shape[-1], k.shape[1], causal)
         return pallas_flash.flash_attention(
             q,
             k,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 import tarfile
 
@@ -223,3 +224,98 @@ def test_mosaic_tests_step_builds_its_command(gpu_run):
     assert " -n 8 " in default and "--durations=15" in default and " -k " not in default
     _, calls, _ = gpu_run("mosaic-tests", MOSAIC_TESTS_WORKERS="14", MOSAIC_TESTS_K="fused")
     assert " -n 14 " in calls[-1] and calls[-1].endswith("-k fused")
+
+
+def _option(line: str, flag: str) -> str | None:
+    """The value after `flag` in a recorded command line, or None."""
+    words = line.split()
+    return words[words.index(flag) + 1] if flag in words else None
+
+
+@pytest.fixture
+def next_calls(tmp_path):
+    """Runs benchmarks/next_calls.sh COMMIT CALL with the stand-in python3, in a copy of
+    the files it reads or changes (call 5 patches dq_adds.py: never this tree's)."""
+    tree = tmp_path / "tree"
+    for rel in (
+        "benchmarks/gpu_run.sh",
+        "benchmarks/next_calls.sh",
+        "benchmarks/results/mosaic-3167827/hand-over.patch",
+        "pallas_flash/mosaic/dq_adds.py",
+    ):
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / rel, tree / rel)
+    (tree / ".peers" / "stub").mkdir(parents=True)
+    bin_dir, out, calls = tmp_path / "bin", tmp_path / "out", tmp_path / "calls.txt"
+    bin_dir.mkdir()
+    out.mkdir()
+    (bin_dir / "python3").write_text(FAKE_PYTHON)
+    (bin_dir / "python3").chmod(0o755)
+    env = dict(
+        os.environ,
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        OUT=str(out),
+        CALLS=str(calls),
+        GPU_RUN_SITE=str(tmp_path / "site"),
+    )
+
+    def run(call: str):
+        calls.write_text("")
+        proc = subprocess.run(
+            ["bash", "benchmarks/next_calls.sh", "abc1234", call],
+            cwd=tree,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return proc, [c for c in calls.read_text().splitlines() if "pip install" not in c], tree
+
+    return run
+
+
+# The config variants each call times (names after pallas_flash:mosaic/), so that the
+# check below cannot pass by parsing none.
+_CALL_VARIANTS = {"1": 1, "2": 3, "3": 2, "4": 2, "5": 0, "6": 0}
+
+
+@pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
+def test_next_calls_run_implementations_that_build(next_calls, call):
+    """Each waiting device call (docs/mosaic.md, "Next device calls") runs its steps, and
+    every implementation it names is one the harness knows; each Mosaic config variant
+    builds its forward and backward configs (fields that exist, combinations the configs
+    accept, shared memory and registers that fit) at every head dim, causal flag and
+    length the call times, so no device time goes on a variant that cannot run."""
+    from benchmarks import impls
+    from pallas_flash.mosaic.backward import check_fits
+    from pallas_flash.mosaic.config import SMEM_BYTES, padded_head_dim
+
+    proc, calls, tree = next_calls(call)
+    assert proc.returncode == 0, proc.stderr
+    benches = [c for c in calls if "-m benchmarks.bench" in c or "-m benchmarks.profile" in c]
+    assert benches, calls
+    variants = set()
+    for line in benches:
+        head_dims = [int(h) for h in (_option(line, "--head-dims") or "128").split(",")]
+        causal = {"true": [True], "false": [False]}.get(_option(line, "--causal"), [False, True])
+        seqs = [int(s) for s in (_option(line, "--seqs") or "8192").split(",")]
+        for name in _option(line, "--impls").split(","):
+            impls.lookup(name)  # KeyError for a name the harness lacks
+            if not name.startswith(impls.VARIANT_BASE + "/"):
+                continue
+            variants.add(name)
+            for h, c, s in ((h, c, s) for h in head_dims for c in causal for s in seqs):
+                fwd, bwd = impls.variant_configs(name, h, s, c)
+                assert fwd.smem_bytes(padded_head_dim(h)) <= SMEM_BYTES, (name, h)
+                check_fits(bwd, padded_head_dim(h))
+    assert len(variants) == _CALL_VARIANTS[call], variants
+    if call == "2":
+        assert _one(calls, "-m pytest -m gpu", "-k probs_before_dp")
+    if call == "5":  # the patch applied to the copy, which the rest of the call ran on
+        assert "not again" in (tree / "pallas_flash/mosaic/dq_adds.py").read_text()
+        assert _one(calls, "-m pytest -m gpu", "test_gpu_is_bitwise_deterministic")
+
+
+def test_next_calls_refuse_an_unknown_call(next_calls):
+    proc, calls, _ = next_calls("7")
+    assert proc.returncode == 2 and "no call 7" in proc.stderr and not calls

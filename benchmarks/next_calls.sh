@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The device calls that wait for issue 5 (docs/mosaic.md, "Next device calls", says what
+# each measures and why), one call a run of this script, so that a session types
+#   bash benchmarks/next_calls.sh COMMIT CALL
+# and not the steps by hand: each call's implementations are checked on CPU by
+# tests/test_gpu_run.py (every config variant builds at the head dims the call times).
+# Each call stays under the 600 s a device command may run; its results are under $OUT,
+# one JSONL per timing, named below. Carry .peers, as for gpu_run.sh.
+set -u
+C=${1:?usage: next_calls.sh COMMIT CALL}; call=${2:?usage: next_calls.sh COMMIT CALL}
+M=pallas_flash:mosaic
+G=benchmarks/gpu_run.sh
+# The fused backward's head-dim-64 candidates (docs/mosaic.md, "A narrow share at head
+# dim 64"): 128-row tiles with step descriptors, and 64-row tiles with the share's halves.
+H64=$M/q_do_in_registers=false/fused=true/num_stages_dkv=2/fa3_order=true/step_descriptors=true/writer_warp=true/split_writer=true
+N64=$M/q_do_in_registers=false/fused=true/block_q_dkv=64/share_halves=true/fa3_order=true/writer_warp=true/split_writer=true
+# keep NAME: the last mosaic-fa step's rows as $OUT/NAME.jsonl (a step that wrote none,
+# for a timeout before its first row, is said, and the call goes on).
+keep() {
+  if [ -e "$OUT/fa-mosaic.jsonl" ]; then mv "$OUT/fa-mosaic.jsonl" "$OUT/$1.jsonl"
+  else echo "next_calls: no rows for $1" >&2; fi
+}
+case $call in
+  1) # (G) the forward's head-dim-64 rows beside all three peers; (H) probs_before_dp.
+    FA_PASSES=fwd FA_SEQS=1024,2048,4096,8192,16384 \
+      MOSAIC_FA_IMPLS=$M,jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3 timeout 280 \
+      bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true
+    keep fa-mosaic-64-fwd
+    FA_PASSES=bwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M,$M/probs_before_dp=true,jax.nn:cudnn \
+      timeout 290 bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true mosaic-fa:128:true
+    keep fa-mosaic-bwd-probs-before-dp ;;
+  2) # the fused backward's head-dim-64 candidates beside the pair and cuDNN, then the
+    # compiled bitwise tests of whichever option call 1 or this call put ahead
+    # (CALL2_TESTS, pytest -k: probs_before_dp by default, or narrow_share).
+    FA_PASSES=bwd FA_SEQS=2048,8192 \
+      MOSAIC_FA_IMPLS=$M,$H64,$N64,$N64/step_descriptors=true,jax.nn:cudnn timeout 320 \
+      bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true
+    keep fa-mosaic-64-fused
+    MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=240 \
+      MOSAIC_TESTS_K=${CALL2_TESTS:-probs_before_dp} bash $G "$C" mosaic-tests ;;
+  3) # the backward at 4k and 16k (the cells run af left); the persistent forward with
+    # early Q loads at head dim 64, 1k and 2k.
+    FA_PASSES=bwd FA_SEQS=4096,16384 MOSAIC_FA_IMPLS=$M,jax.nn:cudnn timeout 420 \
+      bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true mosaic-fa:128:false mosaic-fa:128:true
+    keep fa-mosaic-bwd-4k-16k
+    FA_PASSES=fwd FA_SEQS=1024,2048 \
+      MOSAIC_FA_IMPLS=$M,$M/persistent=true,$M/persistent=true/early_q_load=true,jax.nn:cudnn,jax:mosaic_fa3 \
+      timeout 150 bash $G "$C" mosaic-fa:64:true mosaic-fa:64:false
+    keep fa-mosaic-64-early-q ;;
+  4) # the head-dim-128 fused default with the whole share, then one bounded profile.
+    FA_PASSES=bwd FA_SEQS=8192 MOSAIC_FA_IMPLS=$M,$M/share_halves=false,$M/pair,jax.nn:cudnn \
+      timeout 300 bash $G "$C" mosaic-fa:128:false
+    keep fa-mosaic-128-false-whole
+    PROFILE_KERNELS=pallas_flash_mosaic_bwd PROFILE_IMPLS=$M PROFILE_DETAILS=1 \
+      PROFILE_SECTIONS=MemoryWorkloadAnalysis_Tables,WarpStateStats timeout 200 \
+      bash $G "$C" profile-fa:128:8192:false ;;
+  5) # the writer's hand-over patch on the default ("Two writer warps", item 5): applied
+    # to this copy of the tree, timed, then its compiled tests; nothing runs without it.
+    P=benchmarks/results/mosaic-3167827/hand-over.patch
+    if patch -p1 --forward < $P && grep -q "not again" pallas_flash/mosaic/dq_adds.py; then
+      FA_PASSES=bwd FA_SEQS=8192 MOSAIC_FA_IMPLS=$M,jax.nn:cudnn timeout 300 \
+        bash $G "$C-hand-over" mosaic-fa:128:false
+      keep fa-mosaic-128-false-hand-over
+      K="(test_mosaic_backward and test_gpu_matches_reference and regs and (h80 or h96 or h128) and not causal)"
+      K="$K or (test_mosaic_backward and test_gpu_is_bitwise_deterministic)"
+      MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=300 MOSAIC_TESTS_K="$K" \
+        bash $G "$C-hand-over" mosaic-tests
+    else echo "next_calls: $P does not apply here" >&2; exit 1; fi ;;
+  6) # the Mosaic kernels on the masks suite (head dim 128, 8k), each mask's overhead.
+    OURS_IMPLS=$M,jax.nn:cudnn BENCH_BUDGET=200 bash $G "$C" masks-ours:none,segments:4,padding ;;
+  *) echo "next_calls: no call $call (1 to 6)" >&2; exit 2 ;;
+esac
