@@ -1,0 +1,270 @@
+"""The Mosaic GPU forward's schedule and softmax options in interpret mode: the
+persistent grid, the mask forms (row_bound_mask, column_blocks), kv_multicast, early Q
+loads and O from registers, the polynomial exp2, the conditional rescale, the row sums on
+the tensor cores, three consumer warpgroups and their named-barrier turns. Each against
+the reference or, where it moves work and not arithmetic, against the default's bits.
+The cases, helpers and compiled (`gpu`) tests are in tests/test_mosaic.py.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_flash.mosaic import pipeline, softmax
+from pallas_flash.mosaic.config import WARPGROUP_THREADS
+from tests.cases import Case
+from tests.test_mosaic import (
+    BF16,
+    INTERPRET_CASES,
+    SMALL,
+    _changed_no_bit,
+    _compare,
+    _mosaic,
+)
+
+pytestmark = pytest.mark.mosaic
+
+
+# Persistent CTAs (3 in interpret mode) over several work items each, the ring and the
+# ping-pong running on from item to item: causal GQA with ragged lengths (8 items), empty
+# batch elements (items with no key tile), unsorted segment ids (every tile masked, the
+# ids prefetched with the next Q), and head dim 256, where O has no buffer of its own
+# and leaves through Q's (4 items).
+PERSISTENT_CASES = [INTERPRET_CASES[i] for i in (4, 3, 11)] + [
+    Case(1, 130, 100, 2, 1, 256, BF16, causal=True)
+]
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("case", PERSISTENT_CASES, ids=lambda c: c.id)
+def test_interpret_persistent_equals_one_cta_per_item(case):
+    """Each work item's arithmetic is the same in both grids, so the outputs are equal
+    bit for bit (and the one-CTA-per-item kernel is checked against the reference)."""
+    config = dataclasses.replace(SMALL, persistent=True)
+    # Which path runs: O's own buffer, or (head dim 256) Q's, in interpret mode's form.
+    interpreted = dataclasses.replace(config, p_in_registers=False)
+    assert interpreted.o_buffer(case.head_dim) == (case.head_dim < 256)
+    one = _mosaic(case, SMALL, interpret=True, seed=1)
+    chex.assert_trees_all_equal(one, _mosaic(case, config, True, seed=1))
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("case", [INTERPRET_CASES[i] for i in (1, 2, 4, 5, 10)], ids=lambda c: c.id)
+def test_interpret_row_bound_mask_changes_no_bit(case):
+    """`row_bound_mask` builds the same element mask from per-row bounds (bottom-right
+    causal with a key length, rows that see no key, ragged lengths, a window, segment
+    ids under causal masking), so the outputs are equal bit for bit."""
+    on, off = (dataclasses.replace(SMALL, row_bound_mask=b) for b in (True, False))
+    chex.assert_trees_all_equal(
+        _mosaic(case, off, interpret=True, seed=2), _mosaic(case, on, True, seed=2)
+    )
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("case", [INTERPRET_CASES[i] for i in (1, 2, 4, 5, 10)], ids=lambda c: c.id)
+def test_interpret_column_blocks_changes_no_bit(case):
+    """`column_blocks` (row_bound_mask's compares eight key columns at a time) keeps the
+    same elements as comparing each column, so the outputs are equal bit for bit."""
+    on, off = (dataclasses.replace(SMALL, column_blocks=b) for b in (True, False))
+    chex.assert_trees_all_equal(
+        _mosaic(case, off, interpret=True, seed=2), _mosaic(case, on, True, seed=2)
+    )
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("case", [INTERPRET_CASES[i] for i in (1, 2, 4, 5, 10)], ids=lambda c: c.id)
+def test_interpret_kv_multicast_changes_no_bit(case):
+    """`kv_multicast` (clusters of two CTAs sharing each K/V tile's load): each CTA walks
+    the key range of both tiles' rows, so a tile may see key tiles its own rows mask out
+    entirely (bottom-right causal with a key length, rows that see no key, ragged
+    lengths, a window, segment ids under causal masking, an odd number of query tiles),
+    which leave every bit as it was; and against the reference."""
+    multicast = dataclasses.replace(SMALL, kv_multicast=True)
+    _changed_no_bit(case, SMALL, multicast, interpret=True, seed=3)
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("flags", ["o_from_registers", "early_q_load", "both"])
+@pytest.mark.parametrize("case", PERSISTENT_CASES, ids=lambda c: c.id)
+def test_interpret_early_q_load_changes_no_bit(case, flags):
+    """O stored from registers, and the next item's Q loaded after this item's last Q
+    K^T (persistent: items with no key tile, where the epilogue loads it, among them),
+    move stores and loads, not arithmetic: the persistent grid's bits, and the
+    reference. At head dim 256 O has no buffer of its own, so early_q_load goes with
+    o_from_registers there."""
+    persistent = dataclasses.replace(SMALL, persistent=True)
+    both = flags == "both" or (flags == "early_q_load" and case.head_dim > 128)
+    changed = dataclasses.replace(
+        persistent,
+        o_from_registers=both or flags == "o_from_registers",
+        early_q_load=both or flags == "early_q_load",
+    )
+    _changed_no_bit(case, persistent, changed, interpret=True, seed=4)
+
+
+def test_exp2_poly_matches_exp2():
+    """softmax.exp2_poly (its jnp form) against float64 2^x: relative error below
+    8e-5 for x from 0 down to -125 (a probability's exponent is at most 0; below 2^-126
+    float32 has only denormals, which the CPU and ex2.approx.ftz flush), exactly 0 from
+    -126.5 down (-inf, a masked score, included), and NaN kept."""
+    x = np.concatenate([-np.geomspace(1e-6, 125, 200_001), np.arange(-125, 1.0)])
+    got = np.asarray(jax.jit(softmax.exp2_poly)(jnp.asarray(x, jnp.float32)), np.float64)
+    exact = 2.0 ** x.astype(np.float32).astype(np.float64)
+    assert np.max(np.abs(got / exact - 1)) < 8e-5
+    edge = jnp.array([-126.6, -127.0, -1e30, -jnp.inf, jnp.nan], jnp.float32)
+    out = np.asarray(softmax.exp2_poly(edge))
+    np.testing.assert_array_equal(out[:4], 0.0)
+    assert np.isnan(out[4])
+
+
+# For the softmax's own options in interpret mode: masked tiles, rows that see no key,
+# ragged and empty lengths, GQA, a window, segment ids, head dims 128 (padded) and 256.
+SOFTMAX_CASES = [INTERPRET_CASES[i] for i in (2, 3, 4, 5, 7, 8, 10)]
+
+
+# Interpret mode's kernel (P through shared memory) with a quarter and all of each
+# 64-key tile's exp2 through the polynomial.
+@pytest.mark.extended
+@pytest.mark.parametrize("cols", [16, 64])
+@pytest.mark.parametrize("case", SOFTMAX_CASES, ids=lambda c: c.id)
+def test_interpret_poly_exp2_matches_reference(case, cols):
+    _compare(case, dataclasses.replace(SMALL, poly_exp2_cols=cols), interpret=True, seed=5)
+
+
+# The running output rescaled only where a row's max grew by more than the slack: each
+# row decides alone in interpret mode, with p up to 2^slack where its old max stays.
+@pytest.mark.extended
+@pytest.mark.parametrize("slack", [0.0, 8.0])
+@pytest.mark.parametrize("case", SOFTMAX_CASES, ids=lambda c: c.id)
+def test_interpret_rescale_slack_matches_reference(case, slack):
+    _compare(case, dataclasses.replace(SMALL, rescale_slack=slack), interpret=True, seed=6)
+
+
+# Row sums by the tensor cores (P times a tile of ones beside its P V): with and without
+# the conditional rescale, whose skipped rescales must skip the sums' too; ragged lengths,
+# rows that see no key, GQA and T != S among the cases.
+@pytest.mark.parametrize("case", [INTERPRET_CASES[2]], ids=lambda c: c.id)
+def test_interpret_row_sum_wgmma_matches_reference(case):
+    _compare(case, dataclasses.replace(SMALL, row_sum_wgmma=True), interpret=True, seed=7)
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("slack", [None, 8.0])
+@pytest.mark.parametrize("case", SOFTMAX_CASES, ids=lambda c: c.id)
+def test_interpret_row_sum_wgmma_on_softmax_cases(case, slack):
+    config = dataclasses.replace(SMALL, row_sum_wgmma=True, rescale_slack=slack)
+    _compare(case, config, interpret=True, seed=7)
+
+
+def test_rescale_slack_keeps_a_row_max_that_grew_less():
+    """One step on a second tile whose scores top the first's by 3 (base 2) in row 0 and
+    not at all in row 1: with slack 8 both rows keep their max (alpha 1, row 0's p up to
+    2^3); with slack 2 row 0 takes the new max; a row with no key yet (-inf) always
+    does. l and m give the same softmax either way."""
+    m_i = jnp.array([1.0, 1.0, -jnp.inf])
+    l_i = jnp.array([2.0, 2.0, 0.0])
+    s = jnp.array([[4.0, 0.0], [1.0, 0.5], [0.25, -1.0]])
+    got = {}
+    for slack in (8.0, 2.0, None):
+        p, m, total, alpha, rescaled = softmax.online_softmax(s, m_i, l_i, 1.0, None, slack=slack)
+        got[slack] = (m, total)
+        if slack == 8.0:
+            np.testing.assert_array_equal(rescaled, [False, False, True])
+            np.testing.assert_array_equal(m, [1.0, 1.0, 0.25])
+            np.testing.assert_array_equal(alpha[:2], [1.0, 1.0])
+            assert float(p[0, 0]) == 8.0
+        if slack == 2.0:
+            np.testing.assert_array_equal(rescaled, [True, False, True])
+            np.testing.assert_array_equal(m, [4.0, 1.0, 0.25])
+        if slack is None:
+            assert rescaled is None
+    for slack in (8.0, 2.0):  # the same logsumexp as always rescaling
+        (m, total), (m0, total0) = got[slack], got[None]
+        np.testing.assert_allclose(m + jnp.log2(total), m0 + jnp.log2(total0), rtol=1e-6)
+
+
+# Three consumer warpgroups (MosaicConfig.consumers=3): in interpret mode without the
+# ping-pong (its turns go round on named barriers only), each consumer on its own rows.
+@pytest.mark.parametrize(
+    "case,persistent",
+    [
+        (INTERPRET_CASES[4], False),
+        pytest.param(INTERPRET_CASES[0], False, marks=pytest.mark.extended),
+        pytest.param(INTERPRET_CASES[2], False, marks=pytest.mark.extended),
+        pytest.param(INTERPRET_CASES[5], True, marks=pytest.mark.extended),
+        pytest.param(INTERPRET_CASES[3], True, marks=pytest.mark.extended),
+    ],
+    ids=lambda x: x.id if isinstance(x, Case) else ("persistent" if x else "grid"),
+)
+def test_interpret_three_consumers_match_reference(case, persistent):
+    config = dataclasses.replace(SMALL, consumers=3, named_turns=True, persistent=persistent)
+    _compare(case, config, interpret=True, seed=7)
+
+
+def _turn_order(consumers: int, steps: int, items: int, monkeypatch) -> list[tuple[int, int, int]]:
+    """PingPong's named-barrier turns, driven by one thread a consumer through `items`
+    work items of `steps` steps each, as the forward's body calls them (start; per step:
+    issue Q K^T, meet, the softmax, my_turn, P V; end), against a model of the SM's
+    named barriers: `bar.arrive` counts its warpgroup's 128 threads and goes on,
+    `bar.sync` counts them and waits until the barrier's count is reached, which
+    completes that instance and starts the next. Returns the (item, step, consumer) of
+    each Q K^T issue in the order issued; a deadlock fails (a sync waits 10 s)."""
+    import threading
+
+    cv, count, done = threading.Condition(), collections.Counter(), collections.Counter()
+    order, errors = [], []
+
+    def named_barrier(op, barrier, threads):
+        barrier = int(barrier)
+        with cv:
+            count[barrier] += WARPGROUP_THREADS
+            instance = done[barrier]
+            if count[barrier] == threads:
+                count[barrier], done[barrier] = 0, instance + 1
+                cv.notify_all()
+            elif op == "sync" and not cv.wait_for(lambda: done[barrier] > instance, 10):
+                raise TimeoutError(f"consumer waits forever on named barrier {barrier}")
+
+    def consumer(w):
+        pingpong = pipeline.PingPong(object(), w, named=True, consumers=consumers)
+        try:
+            for item in range(items):
+                pingpong.start()
+                for j in range(steps):
+                    with cv:
+                        order.append((item, j, w))  # Q K^T of step j is issued
+                    pingpong.meet()
+                    pingpong.my_turn()  # then P V of step j (and the next Q K^T)
+                pingpong.end()
+        except TimeoutError as e:
+            errors.append(e)
+
+    monkeypatch.setattr(pipeline, "named_barrier", named_barrier)
+    threads = [threading.Thread(target=consumer, args=(w,)) for w in range(consumers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert not any(count.values()), f"arrivals left on the barriers: {dict(count)}"
+    return order
+
+
+@pytest.mark.parametrize("consumers", [2, 3])
+def test_named_turns_go_round_the_consumers(consumers, monkeypatch):
+    """The forward's ping-pong on named barriers, two or three consumers, a persistent
+    CTA's several items: nobody waits forever, no arrival is left over, and within an
+    item the Q K^T issues go round the consumers in order, step by step (a consumer's
+    next turn needs the one before it to have issued)."""
+    steps, items = 4, 3
+    order = _turn_order(consumers, steps, items, monkeypatch)
+    for item in range(items):
+        got = [(j, w) for i, j, w in order if i == item]
+        assert got == [(j, w) for j in range(steps) for w in range(consumers)]
