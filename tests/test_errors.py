@@ -216,3 +216,53 @@ def test_dropout_arguments():
         dropout_rate=jnp.float32(0.1),
         dropout_rng=jax.random.key(0),
     )
+
+
+@pytest.mark.parametrize(
+    "arg,match",
+    [
+        ("q_seg", r"segments\[0\] \(query ids\) must have shape \(2, 8\), got \(1, 8\)"),
+        ("kv_seg", r"segments\[1\] \(key ids\) must have shape \(2, 16\), got \(2, 8\)"),
+        ("kv_len", r"kv_len must have shape \(2,\), got \(1,\)"),
+    ],
+    ids=["q_seg", "kv_seg", "kv_len"],
+)
+@pytest.mark.parametrize("kernel", ["forward", "backward"])
+@pytest.mark.parametrize("family", ["triton", "mosaic"])
+def test_backend_functions_check_shapes(family, kernel, arg, match):
+    """Each kernel family's forward and backward check the lengths' and segment ids'
+    shapes themselves (masks.check_shapes), before tracing: called directly (tests,
+    benchmarks), ids of batch 1 against a batch of 2 used to broadcast and run."""
+    from pallas_flash import configs, masks
+    from pallas_flash.mosaic import backward as mosaic_backward
+    from pallas_flash.mosaic import forward as mosaic_forward
+    from pallas_flash.mosaic.bwd_config import MosaicBwdConfig
+    from pallas_flash.mosaic.config import MosaicConfig
+    from pallas_flash.triton import backward as triton_backward
+    from pallas_flash.triton import forward as triton_forward
+
+    q, k = jnp.ones((2, 8, 2, 64), jnp.bfloat16), jnp.ones((2, 16, 2, 64), jnp.bfloat16)
+    good = dict(
+        q_seg=jnp.zeros((2, 8), jnp.int32),
+        kv_seg=jnp.zeros((2, 16), jnp.int32),
+        q_len=jnp.full((2,), 8, jnp.int32),
+        kv_len=jnp.full((2,), 16, jnp.int32),
+    )
+    bad = {"q_seg": (1, 8), "kv_seg": (2, 8), "kv_len": (1,)}[arg]
+    a = {**good, arg: jnp.zeros(bad, jnp.int32)}
+    lens_segs = (a["q_len"], a["kv_len"], (a["q_seg"], a["kv_seg"]))
+    common = dict(spec=masks.MaskSpec(segments=True), scale=1.0, interpret=True)
+    fwd, bwd = {
+        "triton": (triton_forward.forward, triton_backward.backward),
+        "mosaic": (mosaic_forward.forward, mosaic_backward.backward),
+    }[family]
+    fwd_config, bwd_config = {
+        "triton": (configs.TritonConfig(), configs.TritonBwdConfig()),
+        "mosaic": (MosaicConfig(), MosaicBwdConfig()),
+    }[family]
+    with pytest.raises(ValueError, match=match):
+        if kernel == "forward":
+            fwd(q, k, k, *lens_segs, config=fwd_config, **common)
+        else:
+            lse = jnp.zeros((2, 2, 8), jnp.float32)
+            bwd(q, k, k, q, lse, q, None, *lens_segs, config=bwd_config, **common)

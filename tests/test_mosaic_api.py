@@ -66,50 +66,6 @@ def test_unsupported_features_raise(kernel, dtype, kwargs, match):
             )
 
 
-@pytest.mark.parametrize(
-    "arg,match",
-    [
-        ("q_seg", r"segments\[0\] \(query ids\) must have shape \(2, 8\), got \(1, 8\)"),
-        ("kv_seg", r"segments\[1\] \(key ids\) must have shape \(2, 16\), got \(2, 8\)"),
-        ("kv_len", r"kv_len must have shape \(2,\), got \(1,\)"),
-    ],
-)
-@pytest.mark.parametrize("kernel", ["forward", "backward"])
-def test_backend_shapes_checked(kernel, arg, match):
-    """The backend functions check the lengths' and segment ids' shapes themselves:
-    called directly, ids of batch 1 against a batch of 2 used to broadcast and run."""
-    q, k = jnp.ones((2, 8, 2, 64), BF16), jnp.ones((2, 16, 2, 64), BF16)
-    good = dict(
-        q_seg=jnp.zeros((2, 8), jnp.int32),
-        kv_seg=jnp.zeros((2, 16), jnp.int32),
-        q_len=jnp.full((2,), 8, jnp.int32),
-        kv_len=jnp.full((2,), 16, jnp.int32),
-    )
-    bad = {"q_seg": (1, 8), "kv_seg": (2, 8), "kv_len": (1,)}[arg]
-    a = {**good, arg: jnp.zeros(bad, jnp.int32)}
-    segs = (a["q_seg"], a["kv_seg"])
-    common = dict(spec=masks.MaskSpec(segments=True), scale=1.0, interpret=True)
-    with pytest.raises(ValueError, match=match):
-        if kernel == "forward":
-            mosaic_forward.forward(q, k, k, a["q_len"], a["kv_len"], segs, config=SMALL, **common)
-        else:
-            lse = jnp.zeros((2, 2, 8), jnp.float32)
-            mosaic_backward.backward(
-                q,
-                k,
-                k,
-                q,
-                lse,
-                q,
-                None,
-                a["q_len"],
-                a["kv_len"],
-                segs,
-                config=MosaicBwdConfig(),
-                **common,
-            )
-
-
 def test_forward_config_validation():
     with pytest.raises(ValueError, match="block_q"):
         MosaicConfig(block_q=32)

@@ -100,7 +100,7 @@ from pallas_flash.mosaic.pipeline import (
     sm_count,
     swizzled,
 )
-from pallas_flash.mosaic.support import check_shapes, unsupported
+from pallas_flash.mosaic.support import unsupported
 
 
 def check_fits(config: MosaicBwdConfig, hp: int):
@@ -191,7 +191,7 @@ def backward(
     """
     B, T, N, H = q.shape
     _, S, K, _ = k.shape
-    check_shapes(q, k, q_len, kv_len, segments)
+    masks.check_shapes(q, k, q_len, kv_len, segments)
     reason = unsupported(
         q.dtype,
         H,

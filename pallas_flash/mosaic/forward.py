@@ -75,7 +75,7 @@ from pallas_flash.mosaic.pipeline import (
     sm_count,
     swizzled,
 )
-from pallas_flash.mosaic.support import check_shapes, unsupported
+from pallas_flash.mosaic.support import unsupported
 
 # Persistent CTAs in GPU interpret mode: few, so that each walks several work items.
 _PERSISTENT_CTAS = 3
@@ -110,7 +110,7 @@ def forward(
     """
     B, T, N, H = q.shape
     _, S, K, _ = k.shape
-    check_shapes(q, k, q_len, kv_len, segments)
+    masks.check_shapes(q, k, q_len, kv_len, segments)
     reason = unsupported(
         q.dtype,
         H,

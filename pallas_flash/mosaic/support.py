@@ -46,27 +46,6 @@ def unsupported(
     return None
 
 
-def check_shapes(q, k, q_len, kv_len, segments) -> None:
-    """Raises ValueError naming the argument whose shape does not fit q [B, T, N, H] and
-    k [B, S, K, H]: the lengths must be [B] and the segment ids [B, T] and [B, S]. The
-    API checks the same before dispatch; the backend functions are also called directly
-    (tests, benchmarks), where ids of another batch size could broadcast into
-    a silently wrong mask."""
-    B, T = q.shape[:2]
-    S = k.shape[1]
-    if k.shape[0] != B:
-        raise ValueError(f"k must have batch {B} as q, got shape {tuple(k.shape)}")
-    wants = [("q_len", q_len, (B,)), ("kv_len", kv_len, (B,))]
-    if segments is not None:
-        if len(segments) != 2:
-            raise ValueError("segments must be a pair (query ids [B, T], key ids [B, S])")
-        wants += [("segments[0] (query ids)", segments[0], (B, T))]
-        wants += [("segments[1] (key ids)", segments[1], (B, S))]
-    for name, x, want in wants:
-        if tuple(x.shape) != want:
-            raise ValueError(f"{name} must have shape {want}, got {tuple(x.shape)}")
-
-
 def device_unsupported() -> str | None:
     """Why the compiled kernel cannot run on this machine's first device, or None."""
     if jax.default_backend() != "gpu":

@@ -312,6 +312,7 @@ def backward(
     (the mask in load_mask_tile's form, the same array the forward read)."""
     B, T, N, H = q.shape
     _, S, K, _ = k.shape
+    masks.check_shapes(q, k, q_len, kv_len, segments)
     G = N // K
     hp = padded_head_dim(H)
     params = plgpu.CompilerParams(num_warps=config.num_warps, num_stages=config.num_stages)

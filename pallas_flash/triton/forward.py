@@ -177,6 +177,7 @@ def forward(
     """
     B, T, N, H = q.shape
     _, S, K, _ = k.shape
+    masks.check_shapes(q, k, q_len, kv_len, segments)
     G = N // K
     hp = padded_head_dim(H)
     block_q = fit_block(config.block_q, T)
