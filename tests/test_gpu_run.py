@@ -24,15 +24,15 @@ exit 0
 """
 
 
-@pytest.fixture
-def gpu_run(tmp_path):
-    bin_dir, out = tmp_path / "bin", tmp_path / "out"
+def _stand_in(tmp_path):
+    """(the environment that puts the stand-in python3 first on PATH, the file it records
+    its calls in, the $OUT folder)."""
+    bin_dir, out, calls = tmp_path / "bin", tmp_path / "out", tmp_path / "calls.txt"
     bin_dir.mkdir()
     out.mkdir()
     fake = bin_dir / "python3"
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
-    calls = tmp_path / "calls.txt"
     env = dict(
         os.environ,
         PATH=f"{bin_dir}:{os.environ['PATH']}",
@@ -41,6 +41,12 @@ def gpu_run(tmp_path):
         GPU_RUN_SITE=str(tmp_path / "site"),
     )
     env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env, calls, out
+
+
+@pytest.fixture
+def gpu_run(tmp_path):
+    env, calls, out = _stand_in(tmp_path)
 
     def run(*steps, prefill: int = 0, **extra_env):
         for i in range(prefill):  # results of earlier steps, as a call leaves them
@@ -246,18 +252,7 @@ def next_calls(tmp_path):
         (tree / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / rel, tree / rel)
     (tree / ".peers" / "stub").mkdir(parents=True)
-    bin_dir, out, calls = tmp_path / "bin", tmp_path / "out", tmp_path / "calls.txt"
-    bin_dir.mkdir()
-    out.mkdir()
-    (bin_dir / "python3").write_text(FAKE_PYTHON)
-    (bin_dir / "python3").chmod(0o755)
-    env = dict(
-        os.environ,
-        PATH=f"{bin_dir}:{os.environ['PATH']}",
-        OUT=str(out),
-        CALLS=str(calls),
-        GPU_RUN_SITE=str(tmp_path / "site"),
-    )
+    env, calls, _ = _stand_in(tmp_path)
 
     def run(call: str):
         calls.write_text("")

@@ -55,31 +55,26 @@ def test_interpret_persistent_equals_one_cta_per_item(case):
     chex.assert_trees_all_equal(one, _mosaic(case, config, True, seed=1))
 
 
+# Cases with masked tiles of every kind: bottom-right causal with a key length, rows
+# that see no key, ragged lengths, a window, segment ids under causal masking.
+MASK_CASES = [INTERPRET_CASES[i] for i in (1, 2, 4, 5, 10)]
+
+
 @pytest.mark.extended
-@pytest.mark.parametrize("case", [INTERPRET_CASES[i] for i in (1, 2, 4, 5, 10)], ids=lambda c: c.id)
-def test_interpret_row_bound_mask_changes_no_bit(case):
-    """`row_bound_mask` builds the same element mask from per-row bounds (bottom-right
-    causal with a key length, rows that see no key, ragged lengths, a window, segment
-    ids under causal masking), so the outputs are equal bit for bit."""
-    on, off = (dataclasses.replace(SMALL, row_bound_mask=b) for b in (True, False))
+@pytest.mark.parametrize("field", ["row_bound_mask", "column_blocks"])
+@pytest.mark.parametrize("case", MASK_CASES, ids=lambda c: c.id)
+def test_interpret_mask_form_changes_no_bit(case, field):
+    """Two forms of the element mask that keep the same elements, so the outputs are
+    equal bit for bit either way: `row_bound_mask` (from per-row bounds) and
+    `column_blocks` (row_bound_mask's compares eight key columns at a time)."""
+    on, off = (dataclasses.replace(SMALL, **{field: b}) for b in (True, False))
     chex.assert_trees_all_equal(
         _mosaic(case, off, interpret=True, seed=2), _mosaic(case, on, True, seed=2)
     )
 
 
 @pytest.mark.extended
-@pytest.mark.parametrize("case", [INTERPRET_CASES[i] for i in (1, 2, 4, 5, 10)], ids=lambda c: c.id)
-def test_interpret_column_blocks_changes_no_bit(case):
-    """`column_blocks` (row_bound_mask's compares eight key columns at a time) keeps the
-    same elements as comparing each column, so the outputs are equal bit for bit."""
-    on, off = (dataclasses.replace(SMALL, column_blocks=b) for b in (True, False))
-    chex.assert_trees_all_equal(
-        _mosaic(case, off, interpret=True, seed=2), _mosaic(case, on, True, seed=2)
-    )
-
-
-@pytest.mark.extended
-@pytest.mark.parametrize("case", [INTERPRET_CASES[i] for i in (1, 2, 4, 5, 10)], ids=lambda c: c.id)
+@pytest.mark.parametrize("case", MASK_CASES, ids=lambda c: c.id)
 def test_interpret_kv_multicast_changes_no_bit(case):
     """`kv_multicast` (clusters of two CTAs sharing each K/V tile's load): each CTA walks
     the key range of both tiles' rows, so a tile may see key tiles its own rows mask out
