@@ -160,14 +160,20 @@ def _output(fn, s: suites.Shape, static, q, k, v, do, arrays):
     return (fn(q, k, v, causal=s.causal, **arrays, **static),)
 
 
-def check(impl: Impl, s: suites.Shape, dtype) -> tuple[float, str, str | None]:
+def check(
+    impl: Impl, s: suites.Shape, dtype, backward: bool = True
+) -> tuple[float, str, str | None]:
     """Worst relative max error, and which of (o, dq, dk, dv) it is, vs the float32
     reference; and None, or why the implementation has no backward here.
 
     An implementation whose gradient raises while its forward runs (JAX's Mosaic FA3 has
     no causal backward) is checked and timed on its forward alone: its forward is still a
     peer's forward. Until 2026-12-04 the whole implementation was recorded as failed, so
-    FA3 was missing from every causal forward comparison."""
+    FA3 was missing from every causal forward comparison.
+
+    `backward=False` (a run that times the forward only) checks O alone: the backward it
+    does not time is not compiled, for it or for the reference (a Mosaic backward's
+    compile is seconds of a device call's few minutes)."""
     small = s.replace(batch=1, seq_q=min(s.seq_q, CHECK_SEQ), seq_k=min(s.seq_k, CHECK_SEQ))
     *inputs, static = make_inputs(small, dtype, seed=1)
 
@@ -175,12 +181,15 @@ def check(impl: Impl, s: suites.Shape, dtype) -> tuple[float, str, str | None]:
         return jax.jit(lambda *a: what(fn, small, static, *a))(*inputs)
 
     no_backward = None
+    both = _outputs_and_grads if backward else _output
     try:
-        got = run(impl.fn, _outputs_and_grads)
+        got = run(impl.fn, both)
     except Exception as e:  # noqa: BLE001 - its forward alone may still run
+        if not backward:
+            raise
         no_backward = "no backward: " + _error_message(e)
         got = run(impl.fn, _output)  # raises, for the caller to record, if this fails too
-    want = run(reference_fn(impl.unscaled), _outputs_and_grads)
+    want = run(reference_fn(impl.unscaled), both)
     worst = (0.0, "o")
     for name, g, w in zip(("o", "dq", "dk", "dv"), got, want):
         g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
@@ -344,10 +353,12 @@ def run_shapes(
             check_ok=None,
             error=None,
         )
-        key = (impl.name, s.family())
+        # The backward is checked where it is timed (or its memory measured).
+        backward = memory or bool(set(passes) & {"bwd", "fwd+bwd"})
+        key = (impl.name, s.family(), backward)
         try:
             if key not in checked:
-                checked[key] = check(impl, s, dtype)
+                checked[key] = check(impl, s, dtype, backward)
             err, worst, no_backward = checked[key]
             # A result off the reference is recorded (check_ok False, and which output) and
             # still timed: the table marks it, rather than hide a fast peer's number.

@@ -178,6 +178,38 @@ def test_a_peer_without_a_backward_is_timed_on_its_forward():
     assert len(rows) == 3 and all("forward broken too" in r["error"] for r in rows)
 
 
+def test_a_forward_only_run_compiles_no_backward():
+    """With the forward alone timed, the check compares O alone and neither the
+    implementation's backward nor the reference's is built; with the backward timed,
+    both are (so this test can fail)."""
+    import jax
+
+    from benchmarks.impls import Impl, reference_fn
+
+    traced = []
+
+    def ref(q, k, v):  # in the inputs' dtype, as an implementation's output is
+        return reference_fn(unscaled=False)(q, k, v, causal=False).astype(q.dtype)
+
+    @jax.custom_vjp
+    def attend(q, k, v):
+        return ref(q, k, v)
+
+    def attend_bwd(residuals, g):
+        traced.append("bwd")
+        return jax.vjp(ref, *residuals)[1](g)
+
+    attend.defvjp(lambda q, k, v: (attend(q, k, v), (q, k, v)), attend_bwd)
+    impl = Impl("counted", lambda q, k, v, *, causal: attend(q, k, v))
+    s = bench.suites.Shape(1, 64, 64, 2, 2, 32, causal=False)
+    run = dict(memory=False, run=True, checked={}, timing=bench.TINY_TIMING)
+    (row,) = bench.run_shape(impl, s, ("fwd",), **run)
+    assert row["error"] is None and row["check_ok"] and row["check_worst"] == "o"
+    assert traced == []
+    rows = list(bench.run_shape(impl, s, ("fwd", "bwd"), **run))
+    assert all(r["error"] is None for r in rows) and traced
+
+
 def test_flops_convention():
     s = bench.suites.Shape(2, 1024, 1024, 16, 16, 128, causal=False)
     assert bench.attention_flops(s) == 4 * 2 * 16 * 1024 * 1024 * 128
