@@ -132,9 +132,11 @@ IMPLS: dict[str, Impl] = {
 # and a candidate time side by side in one process (the two configs share no field name).
 # A first item `pair` (pallas_flash:mosaic/pair/...) starts the backward from the pair's
 # row (pair_mosaic_bwd_config) where the default is the fused kernel (head dim 128,
-# not causal), so the pair keeps a name there.
+# not causal), so the pair keeps a name there; a first item `fused` starts it from the
+# fused default's row (fused_full_bwd_config) where the default is the pair (causal, or
+# head dim 64), so a fused candidate is one name at every point.
 VARIANT_BASE = "pallas_flash:mosaic"
-PAIR = "pair"
+PAIR, FUSED = "pair", "fused"
 
 
 # A variant's word values; none unsets an optional field (rescale_slack=none: the plain
@@ -161,27 +163,30 @@ def config_overrides(items, classes: dict[str, type], context: str) -> dict[str,
     return overrides
 
 
-def _variant_overrides(name: str) -> tuple[bool, dict[str, dict]]:
-    """(whether the variant starts from the pair's backward, its config fields)."""
+def _variant_overrides(name: str) -> tuple[str | None, dict[str, dict]]:
+    """(the backward row the variant starts from, PAIR, FUSED or None for the default;
+    its config fields)."""
     items = name[len(VARIANT_BASE) + 1 :].split("/")
-    pair = items[0] == PAIR
+    base = items[0] if items[0] in (PAIR, FUSED) else None
     overrides = config_overrides(
-        items[1:] if pair else items,
+        items[1:] if base else items,
         {"fwd": mosaic_config.MosaicConfig, "bwd": bwd_config.MosaicBwdConfig},
         f"implementation {name!r}",
     )
-    return pair, overrides
+    return base, overrides
 
 
 def variant_configs(name: str, head_dim: int, seq_k: int, causal: bool):
     """The (forward, backward) configs a Mosaic variant (`lookup`) runs at this head dim,
-    key length and causal flag: the default rows (or the pair's backward) with the
+    key length and causal flag: the default rows (or the pair's or fused backward) with the
     variant's fields replaced. Raises ValueError for a field no config has, or for a
     combination the configs refuse."""
-    pair, overrides = _variant_overrides(name)
+    base, overrides = _variant_overrides(name)
     fwd = mosaic_config.default_mosaic_config(head_dim, seq_k, causal)
-    if pair:
+    if base == PAIR:
         bwd = bwd_config.pair_mosaic_bwd_config(head_dim)
+    elif base == FUSED:
+        bwd = bwd_config.fused_full_bwd_config(head_dim)
     else:
         bwd = bwd_config.default_mosaic_bwd_config(head_dim, causal)
     return (
@@ -211,7 +216,8 @@ def _mosaic_variant(name: str) -> Impl:
 
 def lookup(name: str) -> Impl:
     """The implementation called `name`: an entry of IMPLS, or a Mosaic config variant
-    (`pallas_flash:mosaic/block_q_dkv=128/num_stages_dkv=3`, `pallas_flash:mosaic/pair`).
+    (`pallas_flash:mosaic/block_q_dkv=128/num_stages_dkv=3`, `pallas_flash:mosaic/pair`,
+    `pallas_flash:mosaic/fused/query_rows=true/fa3_order=false/share_halves=false`).
     KeyError if neither."""
     if name in IMPLS:
         return IMPLS[name]

@@ -564,6 +564,10 @@ def test_mosaic_config_variants_are_named_by_their_fields(monkeypatch):
         impls.lookup("pallas_flash:mosaic/pair/block_q_dkv=128").fn(q, q, q, causal=causal)
         pair = bwd_config.pair_mosaic_bwd_config(128)
         assert seen["backward_config"] == dataclasses.replace(pair, block_q_dkv=128)
+        # and `fused` the fused default's row, causal too
+        impls.lookup("pallas_flash:mosaic/fused/split_writer=false").fn(q, q, q, causal=causal)
+        fused = bwd_config.fused_full_bwd_config(128)
+        assert seen["backward_config"] == dataclasses.replace(fused, split_writer=False)
     with pytest.raises(ValueError, match="'pair' is not FIELD=VALUE"):  # first item only
         impls.lookup("pallas_flash:mosaic/num_stages=2/pair")
     with pytest.raises(SystemExit):  # the CLI names the bad field before running anything
