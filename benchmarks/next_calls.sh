@@ -47,10 +47,16 @@ case $call in
       MOSAIC_FA_IMPLS=$M,$M/persistent=true,$M/persistent=true/early_q_load=true,jax.nn:cudnn,jax:mosaic_fa3 \
       timeout 150 bash $G "$C" mosaic-fa:64:true mosaic-fa:64:false
     keep fa-mosaic-64-early-q ;;
-  4) # the head-dim-128 fused default with the whole share, then one bounded profile.
-    FA_PASSES=bwd FA_SEQS=8192 MOSAIC_FA_IMPLS=$M,$M/share_halves=false,$M/pair,jax.nn:cudnn \
-      timeout 300 bash $G "$C" mosaic-fa:128:false
+  4) # head dim 128, 8k: the fused default with the whole share, and the fused step with
+    # the queries on the rows, beside the pair and cuDNN; then causal, where the default is
+    # the pair; then one bounded profile.
+    QR=$M/fused/fa3_order=false/share_halves=false/query_rows=true
+    FA_PASSES=bwd FA_SEQS=8192 MOSAIC_FA_IMPLS=$M,$M/share_halves=false,$QR,$M/pair,jax.nn:cudnn \
+      timeout 200 bash $G "$C" mosaic-fa:128:false
     keep fa-mosaic-128-false-whole
+    FA_PASSES=bwd FA_SEQS=8192 MOSAIC_FA_IMPLS=$M,$M/fused,$QR,jax.nn:cudnn \
+      timeout 170 bash $G "$C" mosaic-fa:128:true
+    keep fa-mosaic-128-true-fused
     PROFILE_KERNELS=pallas_flash_mosaic_bwd PROFILE_IMPLS=$M PROFILE_DETAILS=1 \
       PROFILE_SECTIONS=MemoryWorkloadAnalysis_Tables,WarpStateStats timeout 200 \
       bash $G "$C" profile-fa:128:8192:false ;;

@@ -160,7 +160,12 @@ class MosaicBwdConfig:
       data race); lowered for sm_90 on CPU; compiled on the H200 at c864512 it passes
       its 25 reference rows but still serializes every wgmma (C7512, 624 bytes of
       spills) and runs its backward at 0.59x / 0.58x the pair's (head dim 128 causal
-      2k / 8k, `results/mosaic-c864512/`), so off.
+      2k / 8k, `results/mosaic-c864512/`), so off. Since held_zero it compiles (for
+      the H200, here, at 1debc37, with step_descriptors and the writer warps) to 36
+      wgmma groups, no serialization, 188 / 208 bytes of spill stores non-causal /
+      causal kept out of its unmasked steps, which issue 498 instructions against the
+      fused default's 556 (docs/mosaic.md, "Queries on the rows, again"); not yet
+      timed so.
     share_probs: split_dkv: the dV warpgroup hands its float32 P^T to the dK warpgroup
       through shared memory (one tile, a barrier each way), so that the dK warpgroup
       computes dP^T alone where it recomputed S^T = K Q^T and the exp2 as well: four
