@@ -126,6 +126,8 @@ FUSED_VARIANTS = {
     "split-writer": {"share_halves": True, "writer_warp": True, "split_writer": True},
     # Two writer warps with the whole share (head dim 64's rows: a share of N = 64).
     "writer-warps": {"writer_warp": True, "split_writer": True},
+    # The queries on the rows with the two writer warps: the candidate call 4 times.
+    "query-rows-writer-warps": {"query_rows": True, "writer_warp": True, "split_writer": True},
 }
 
 
@@ -438,9 +440,14 @@ def test_gpu_fused_fa3_order_matches_reference(case):
 @pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
 def test_gpu_fused_query_rows_matches_reference(case):
     """The fused step with the queries on the rows (`query_rows`), compiled: P and dS
-    through shared memory, dS computed beside dV's wgmma (its GPU-only path)."""
+    through shared memory, dS computed beside dV's wgmma (its GPU-only path); the fused
+    default's row (step descriptors, two writer warps) with it in place of FA3's order
+    and the halves, as the benchmark times it (`$M/fused/fa3_order=false/...`)."""
     config = dataclasses.replace(
-        fused_mosaic_bwd_config(case.head_dim), query_rows=True, step_descriptors=True
+        fused_full_bwd_config(case.head_dim),
+        fa3_order=False,
+        share_halves=False,
+        query_rows=True,
     )
     _compare(case, config, interpret=False, seed=_seed(case))
 
