@@ -14,6 +14,9 @@ G=benchmarks/gpu_run.sh
 # dim 64"): 128-row tiles with step descriptors, and 64-row tiles with the share's halves.
 H64=$M/q_do_in_registers=false/fused=true/num_stages_dkv=2/fa3_order=true/step_descriptors=true/writer_warp=true/split_writer=true
 N64=$M/q_do_in_registers=false/fused=true/block_q_dkv=64/share_halves=true/fa3_order=true/writer_warp=true/split_writer=true
+# The forward's intra-warpgroup overlap, with what it takes in place of the default row's
+# early K wait, named turns, conditional rescale and (non-causal) persistent grid.
+OVERLAP=$M/intra_overlap=true/early_k_wait=false/named_turns=false/rescale_slack=none/persistent=false
 # keep NAME: the last mosaic-fa step's rows as $OUT/NAME.jsonl (a step that wrote none,
 # for a timeout before its first row, is said, and the call goes on).
 keep() {
@@ -21,23 +24,24 @@ keep() {
   else echo "next_calls: no rows for $1" >&2; fi
 }
 case $call in
-  1) # (G) the forward's head-dim-64 rows beside all three peers; (H) probs_before_dp.
-    FA_PASSES=fwd FA_SEQS=1024,2048,4096,8192,16384 \
-      MOSAIC_FA_IMPLS=$M,jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3 timeout 280 \
+  1) # (G) the forward's head-dim-64 rows beside all three peers; the overlapped forward
+    # (unserialized since 12-05) beside the default and the peers at head dim 128.
+    P=jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3
+    FA_PASSES=fwd FA_SEQS=1024,2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,$P timeout 280 \
       bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true
     keep fa-mosaic-64-fwd
-    FA_PASSES=bwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M,$M/probs_before_dp=true,jax.nn:cudnn \
-      timeout 290 bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true mosaic-fa:128:true
-    keep fa-mosaic-bwd-probs-before-dp ;;
+    FA_PASSES=fwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M,$OVERLAP,$P timeout 270 \
+      bash $G "$C" mosaic-fa:128:false mosaic-fa:128:true
+    keep fa-mosaic-128-fwd-overlap ;;
   2) # the fused backward's head-dim-64 candidates beside the pair and cuDNN, then the
-    # compiled bitwise tests of whichever option call 1 or this call put ahead
-    # (CALL2_TESTS, pytest -k: probs_before_dp by default, or narrow_share).
+    # compiled tests of whichever candidate call 1 or this call put ahead
+    # (CALL2_TESTS, pytest -k: intra_overlap by default, or narrow_share).
     FA_PASSES=bwd FA_SEQS=2048,8192 \
       MOSAIC_FA_IMPLS=$M,$H64,$N64,$N64/step_descriptors=true,jax.nn:cudnn timeout 320 \
       bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true
     keep fa-mosaic-64-fused
     MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=240 \
-      MOSAIC_TESTS_K=${CALL2_TESTS:-probs_before_dp} bash $G "$C" mosaic-tests ;;
+      MOSAIC_TESTS_K=${CALL2_TESTS:-intra_overlap} bash $G "$C" mosaic-tests ;;
   3) # the backward at 4k and 16k (the cells run af left); the persistent forward with
     # early Q loads at head dim 64, 1k and 2k.
     FA_PASSES=bwd FA_SEQS=4096,16384 MOSAIC_FA_IMPLS=$M,jax.nn:cudnn timeout 420 \
@@ -72,7 +76,11 @@ case $call in
       MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=300 MOSAIC_TESTS_K="$K" \
         bash $G "$C-hand-over" mosaic-tests
     else echo "next_calls: $P does not apply here" >&2; exit 1; fi ;;
-  6) # the Mosaic kernels on the masks suite (head dim 128, 8k), each mask's overhead.
-    OURS_IMPLS=$M,jax.nn:cudnn BENCH_BUDGET=200 bash $G "$C" masks-ours:none,segments:4,padding ;;
+  6) # the Mosaic kernels on the masks suite (head dim 128, 8k), each mask's overhead;
+    # then (H) probs_before_dp beside the default pair and cuDNN.
+    OURS_IMPLS=$M,jax.nn:cudnn BENCH_BUDGET=200 bash $G "$C" masks-ours:none,segments:4,padding
+    FA_PASSES=bwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M,$M/probs_before_dp=true,jax.nn:cudnn \
+      timeout 290 bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true mosaic-fa:128:true
+    keep fa-mosaic-bwd-probs-before-dp ;;
   *) echo "next_calls: no call $call (1 to 6)" >&2; exit 2 ;;
 esac

@@ -186,7 +186,10 @@ class MosaicConfig:
       JAX's Mosaic FA3 nor tokamax does; FA3's ablation credits it with about 13 % at
       head dim 128). It holds a second score tile's worth of registers. A schedule of
       its own: not with rescale_before_turn or early_k_wait. Off: measured slower at head
-      dim 128 (463 / 450 TFLOP/s against the old default's 555 / 553; module docstring).
+      dim 128 (463 / 450 TFLOP/s against the old default's 555 / 553; module docstring),
+      but every wgmma of that build was serialized (ptxas C7513: tile j's P converted
+      into the registers tile j - 1's P V was still reading), mended on 12-05 and not
+      timed since (docs/mosaic.md, "The overlapped forward, unserialized").
     persistent: one CTA per SM (at most), each walking a strided share of the (head,
       query tile, batch) work items, so that the producer streams the next item's K/V
       tiles while the consumers finish this one, and a consumer's next Q tile loads

@@ -393,6 +393,14 @@ def fwd_kernel(
                             lambda s_ref: scores(s_ref, acc_ref, p_ref[...]),
                             plgpu.ACC((block_q, block_kv), jnp.float32),
                         )
+                        # Tile j's P takes the registers tile j - 1's P V reads as it
+                        # runs (the loop carries them), so it is written only once that
+                        # P V is done: ptxas serializes every wgmma of the kernel
+                        # (C7513) if a register a wgmma in flight reads is written. The
+                        # barrier (no instruction) keeps LLVM from converting P before
+                        # the wait, as it did in two of the three loops.
+                        plgpu.wgmma_wait(0)
+                        p = lax.optimization_barrier(p)
                         p_ref[...], m_ref[...], l_ref[...] = keep_p(p, j), m_new, l_new
                         alpha_ref[...] = alpha
                         pingpong.elementwise_done()  # softmax done
