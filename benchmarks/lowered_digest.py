@@ -74,22 +74,48 @@ def backward_digest(config: MosaicBwdConfig, spec: masks.MaskSpec, head_dim: int
     return _digest(lower_backward(config, spec, *_shapes(head_dim, seq)))
 
 
+# Flips a default row refuses for the options it carries, and what each takes in their
+# place, so that the code behind the flip is lowered too (its label names them).
+COMPANIONS = {
+    ("intra_overlap", True): dict(
+        early_k_wait=False,
+        named_turns=False,
+        rescale_slack=None,
+        rescale_before_turn=False,
+        persistent=False,
+        row_sum_wgmma=False,
+        named_releases=False,
+    ),
+    ("schedule_barrier", False): dict(named_turns=False),
+    ("early_q_load", True): dict(persistent=True, o_from_registers=True),
+    ("query_rows", True): dict(fa3_order=False, share_halves=False),
+    ("chained_share", True): dict(share_halves=False, split_writer=False),
+    ("probs_before_dp", True): dict(fa3_order=False),
+}
+
+
 def flips(config) -> list[tuple[str, object]]:
     """(label, config) for `config` and for it with each boolean field flipped, or the
-    error the flip raises as its config."""
+    error the flip raises as its config; a refused flip with COMPANIONS is built with
+    them (and labelled so)."""
     out = [("default", config)]
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
-        if isinstance(value, bool):
+        if not isinstance(value, bool):
+            continue
+        label, flip = f"{field.name}={not value}", {field.name: not value}
+        try:
+            out.append((label, dataclasses.replace(config, **flip)))
+        except ValueError as e:
+            extra = COMPANIONS.get((field.name, not value))
+            if extra is None:
+                out.append((label, e))
+                continue
+            names = ", ".join(f"{k}={v}" for k, v in extra.items())
             try:
-                out.append(
-                    (
-                        f"{field.name}={not value}",
-                        dataclasses.replace(config, **{field.name: not value}),
-                    )
-                )
-            except ValueError as e:
-                out.append((f"{field.name}={not value}", e))
+                out.append((f"{label} with {names}", dataclasses.replace(config, **flip, **extra)))
+            except ValueError as e2:
+                out.append((f"{label} with {names}", e2))
     return out
 
 

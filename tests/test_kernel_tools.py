@@ -524,3 +524,21 @@ def test_profile_with_details_keeps_ncu_csv(tmp_path):
     assert row["error"] is None
     assert row["kernels"][0]["sections"] == {"WarpStateStats / Stall Barrier": 3.5}
     assert row["ncu_csv"].count("\n") == 2 and "not csv" not in row["ncu_csv"]
+
+
+def test_lowered_digest_builds_refused_flips_with_their_companions():
+    """A flip the default row refuses for an option it carries (the overlapped forward,
+    the fused step's rows orientation) is built with what it takes in their place, so
+    the digest lowers that option's code; a flip with no such companions stays refused."""
+    from benchmarks import lowered_digest
+    from pallas_flash.mosaic.bwd_config import fused_full_bwd_config
+    from pallas_flash.mosaic.config import MosaicConfig, default_mosaic_config
+
+    fwd = dict(lowered_digest.flips(default_mosaic_config(128, 2048, True)))
+    (overlap,) = [c for label, c in fwd.items() if label.startswith("intra_overlap=True with")]
+    assert isinstance(overlap, MosaicConfig) and overlap.intra_overlap
+    assert not overlap.early_k_wait and overlap.rescale_slack is None
+    bwd = dict(lowered_digest.flips(fused_full_bwd_config(128)))
+    (rows,) = [c for label, c in bwd.items() if label.startswith("query_rows=True with")]
+    assert rows.query_rows and not rows.fa3_order and not rows.share_halves
+    assert isinstance(bwd["share_probs=True"], ValueError)  # needs split_dkv: no companion

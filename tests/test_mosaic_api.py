@@ -113,6 +113,10 @@ def test_forward_config_validation():
         with pytest.raises(ValueError, match="consumers=3 .* needs named_turns"):
             MosaicConfig(**{**three, **flags})
     MosaicConfig(consumers=3, schedule_barrier=False)  # no ping-pong: no turns to hand over
+    # a 64 x 256 score tile does not fit a third consumer's registers (ptxas: C7602)
+    with pytest.raises(ValueError, match="consumers=3 .* take block_kv <= 192"):
+        MosaicConfig(consumers=3, named_turns=True, block_kv=256)
+    MosaicConfig(consumers=3, named_turns=True, block_kv=192)
     # a third consumer's Q, lse and barrier: the estimate grows by one warpgroup's share
     two, three_row = MosaicConfig(block_kv=128), MosaicConfig(block_kv=128, **three)
     assert three_row.smem_bytes(64) - two.smem_bytes(64) == 64 * 64 * 2 + 64 * 4 + 8

@@ -413,6 +413,14 @@ class MosaicConfig:
                 "named_turns (or schedule_barrier=False), and not intra_overlap, "
                 "named_releases or kv_multicast (each built for two consumers)"
             )
+        if self.consumers == 3 and self.block_kv > 192:
+            raise ValueError(
+                f"consumers=3 gives each consumer {THREE_CONSUMER_REGISTERS} registers, and a "
+                f"{self.block_q} x {self.block_kv} score tile takes "
+                f"{self.block_q * self.block_kv // WARPGROUP_THREADS} of them: ptxas cannot "
+                "compile the step (C7602, for the H200 at head dim 64); take block_kv <= 192 "
+                "with three consumers"
+            )
         slack = self.rescale_slack
         if slack is not None and (
             isinstance(slack, bool) or not isinstance(slack, (int, float)) or not 0 <= slack < 64
