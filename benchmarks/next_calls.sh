@@ -15,8 +15,10 @@ G=benchmarks/gpu_run.sh
 H64=$M/q_do_in_registers=false/fused=true/num_stages_dkv=2/fa3_order=true/step_descriptors=true/writer_warp=true/split_writer=true
 N64=$M/q_do_in_registers=false/fused=true/block_q_dkv=64/share_halves=true/fa3_order=true/writer_warp=true/split_writer=true
 # The forward's intra-warpgroup overlap, with what it takes in place of the default row's
-# early K wait, named turns, conditional rescale and (non-causal) persistent grid.
-OVERLAP=$M/intra_overlap=true/early_k_wait=false/named_turns=false/rescale_slack=none/persistent=false
+# early K wait, named turns, conditional rescale, (non-causal) persistent grid and (head
+# dim 64 non-causal) row sums on the tensor cores; 128-key tiles (at head dim 64 the
+# default's 256-key tiles do not fit two score tiles' registers: C7512, 644 B of spills).
+OVERLAP=$M/intra_overlap=true/early_k_wait=false/named_turns=false/rescale_slack=none/persistent=false/row_sum_wgmma=false/block_kv=128
 # keep NAME: the last mosaic-fa step's rows as $OUT/NAME.jsonl (a step that wrote none,
 # for a timeout before its first row, is said, and the call goes on).
 keep() {
@@ -24,15 +26,19 @@ keep() {
   else echo "next_calls: no rows for $1" >&2; fi
 }
 case $call in
-  1) # (G) the forward's head-dim-64 rows beside all three peers; the overlapped forward
-    # (unserialized since 12-05) beside the default and the peers at head dim 128.
+  1) # the overlapped forward (unserialized since 12-05) beside the default and all three
+    # peers at 2k and 8k, head dims 128 and 64; then (G) the head-dim-64 rows beside the
+    # peers at the other lengths, so that the forward's table cells count them.
     P=jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3
-    FA_PASSES=fwd FA_SEQS=1024,2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,$P timeout 280 \
-      bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true
-    keep fa-mosaic-64-fwd
-    FA_PASSES=fwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M,$OVERLAP,$P timeout 270 \
+    FA_PASSES=fwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M,$OVERLAP,$P timeout 200 \
       bash $G "$C" mosaic-fa:128:false mosaic-fa:128:true
-    keep fa-mosaic-128-fwd-overlap ;;
+    keep fa-mosaic-128-fwd-overlap
+    FA_PASSES=fwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M,$OVERLAP,$P timeout 200 \
+      bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true
+    keep fa-mosaic-64-fwd-overlap
+    FA_PASSES=fwd FA_SEQS=1024,4096,16384 MOSAIC_FA_IMPLS=$M,$P timeout 170 \
+      bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true
+    keep fa-mosaic-64-fwd ;;
   2) # the fused backward's head-dim-64 candidates beside the pair and cuDNN, then the
     # compiled tests of whichever candidate call 1 or this call put ahead
     # (CALL2_TESTS, pytest -k: intra_overlap by default, or narrow_share).
