@@ -181,15 +181,15 @@ def check(
         return jax.jit(lambda *a: what(fn, small, static, *a))(*inputs)
 
     no_backward = None
-    both = _outputs_and_grads if backward else _output
+    what = _outputs_and_grads if backward else _output
     try:
-        got = run(impl.fn, both)
+        got = run(impl.fn, what)
     except Exception as e:  # noqa: BLE001 - its forward alone may still run
         if not backward:
             raise
         no_backward = "no backward: " + _error_message(e)
         got = run(impl.fn, _output)  # raises, for the caller to record, if this fails too
-    want = run(reference_fn(impl.unscaled), both)
+    want = run(reference_fn(impl.unscaled), what)
     worst = (0.0, "o")
     for name, g, w in zip(("o", "dq", "dk", "dv"), got, want):
         g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)

@@ -26,6 +26,7 @@ from pallas_flash.logits import Logits
 from pallas_flash.mosaic import forward as mosaic_forward
 from pallas_flash.mosaic import support
 from pallas_flash.mosaic.config import (
+    OVERLAP_REPLACES,
     MosaicConfig,
     default_mosaic_config,
     padded_head_dim,
@@ -116,16 +117,9 @@ def _references(case: Case, seed: int = 0):
 
 def _overlapped(config: MosaicConfig) -> MosaicConfig:
     """config with intra_overlap, a schedule of its own: without the early K wait, the
-    early rescale, the named-barrier turns or the conditional rescale that the default
-    may have."""
-    return dataclasses.replace(
-        config,
-        intra_overlap=True,
-        early_k_wait=False,
-        rescale_before_turn=False,
-        named_turns=False,
-        rescale_slack=None,
-    )
+    early rescale, the named-barrier turns, the conditional rescale and the rest the
+    default may have that it refuses (OVERLAP_REPLACES)."""
+    return dataclasses.replace(config, intra_overlap=True, **OVERLAP_REPLACES)
 
 
 def _compare(case: Case, config, interpret, seed: int = 0):

@@ -590,6 +590,20 @@ RESCALE_SLACK_OFF_KEYS = 1024
 ROW_SUM_WGMMA_64 = True
 
 
+# intra_overlap is a schedule of its own: what a default row takes in place of the options
+# it carries that the overlap refuses (MosaicConfig.__post_init__ says why for each), as
+# the tests and benchmarks.lowered_digest build it.
+OVERLAP_REPLACES = dict(
+    early_k_wait=False,
+    named_turns=False,
+    rescale_slack=None,
+    rescale_before_turn=False,
+    persistent=False,
+    row_sum_wgmma=False,
+    named_releases=False,
+)
+
+
 # Key lengths up to which the head-dim-64 default takes its short-length rows: 128-key
 # tiles when causal, persistent when the causal flag is not known (measured at 1k and 2k).
 PERSISTENT_MAX_KEYS = 2048
