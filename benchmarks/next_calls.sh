@@ -88,5 +88,19 @@ case $call in
     FA_PASSES=bwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M,$M/probs_before_dp=true,jax.nn:cudnn \
       timeout 290 bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true mosaic-fa:128:true
     keep fa-mosaic-bwd-probs-before-dp ;;
-  *) echo "next_calls: no call $call (1 to 6)" >&2; exit 2 ;;
+  128) # when a session gets one call: the head-dim-128 halves of calls 1 and 4, where
+    # points 1 and 2 miss (the overlapped forward beside the default and the peers at 2k /
+    # 8k; the fused backward's whole share and queries on the rows at 8k, both ways).
+    P=jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3
+    QR=$M/fused/fa3_order=false/share_halves=false/query_rows=true
+    FA_PASSES=fwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M,$OVERLAP,$P timeout 200 \
+      bash $G "$C" mosaic-fa:128:false mosaic-fa:128:true
+    keep fa-mosaic-128-fwd-overlap
+    FA_PASSES=bwd FA_SEQS=8192 MOSAIC_FA_IMPLS=$M,$M/share_halves=false,$QR,$M/pair,jax.nn:cudnn \
+      timeout 200 bash $G "$C" mosaic-fa:128:false
+    keep fa-mosaic-128-false-whole
+    FA_PASSES=bwd FA_SEQS=8192 MOSAIC_FA_IMPLS=$M,$M/fused,$QR,jax.nn:cudnn \
+      timeout 170 bash $G "$C" mosaic-fa:128:true
+    keep fa-mosaic-128-true-fused ;;
+  *) echo "next_calls: no call $call (1 to 6, or 128)" >&2; exit 2 ;;
 esac
