@@ -25,18 +25,33 @@ keep() {
   if [ -e "$OUT/fa-mosaic.jsonl" ]; then mv "$OUT/fa-mosaic.jsonl" "$OUT/$1.jsonl"
   else echo "next_calls: no rows for $1" >&2; fi
 }
+PEERS=jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3
+# overlap_fwd HD: the overlapped forward beside the default and all three peers at 2k and
+# 8k, both ways (calls 1 and 128).
+overlap_fwd() {
+  FA_PASSES=fwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M,$OVERLAP,$PEERS timeout 200 \
+    bash $G "$C" mosaic-fa:$1:false mosaic-fa:$1:true
+  keep fa-mosaic-$1-fwd-overlap
+}
+# fused_bwd_128: head dim 128, 8k: the fused default with the whole share, and the fused
+# step with the queries on the rows, beside the pair and cuDNN; then causal, where the
+# default is the pair (calls 4 and 128).
+fused_bwd_128() {
+  local qr=$M/fused/fa3_order=false/share_halves=false/query_rows=true
+  FA_PASSES=bwd FA_SEQS=8192 MOSAIC_FA_IMPLS=$M,$M/share_halves=false,$qr,$M/pair,jax.nn:cudnn \
+    timeout 200 bash $G "$C" mosaic-fa:128:false
+  keep fa-mosaic-128-false-whole
+  FA_PASSES=bwd FA_SEQS=8192 MOSAIC_FA_IMPLS=$M,$M/fused,$qr,jax.nn:cudnn \
+    timeout 170 bash $G "$C" mosaic-fa:128:true
+  keep fa-mosaic-128-true-fused
+}
 case $call in
   1) # the overlapped forward (unserialized since 12-05) beside the default and all three
     # peers at 2k and 8k, head dims 128 and 64; then (G) the head-dim-64 rows beside the
     # peers at the other lengths, so that the forward's table cells count them.
-    P=jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3
-    FA_PASSES=fwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M,$OVERLAP,$P timeout 200 \
-      bash $G "$C" mosaic-fa:128:false mosaic-fa:128:true
-    keep fa-mosaic-128-fwd-overlap
-    FA_PASSES=fwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M,$OVERLAP,$P timeout 200 \
-      bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true
-    keep fa-mosaic-64-fwd-overlap
-    FA_PASSES=fwd FA_SEQS=1024,4096,16384 MOSAIC_FA_IMPLS=$M,$P timeout 170 \
+    overlap_fwd 128
+    overlap_fwd 64
+    FA_PASSES=fwd FA_SEQS=1024,4096,16384 MOSAIC_FA_IMPLS=$M,$PEERS timeout 170 \
       bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true
     keep fa-mosaic-64-fwd ;;
   2) # the fused backward's head-dim-64 candidates beside the pair and cuDNN, then the
@@ -57,16 +72,9 @@ case $call in
       MOSAIC_FA_IMPLS=$M,$M/persistent=true,$M/persistent=true/early_q_load=true,jax.nn:cudnn,jax:mosaic_fa3 \
       timeout 150 bash $G "$C" mosaic-fa:64:true mosaic-fa:64:false
     keep fa-mosaic-64-early-q ;;
-  4) # head dim 128, 8k: the fused default with the whole share, and the fused step with
-    # the queries on the rows, beside the pair and cuDNN; then causal, where the default is
-    # the pair; then one bounded profile.
-    QR=$M/fused/fa3_order=false/share_halves=false/query_rows=true
-    FA_PASSES=bwd FA_SEQS=8192 MOSAIC_FA_IMPLS=$M,$M/share_halves=false,$QR,$M/pair,jax.nn:cudnn \
-      timeout 200 bash $G "$C" mosaic-fa:128:false
-    keep fa-mosaic-128-false-whole
-    FA_PASSES=bwd FA_SEQS=8192 MOSAIC_FA_IMPLS=$M,$M/fused,$QR,jax.nn:cudnn \
-      timeout 170 bash $G "$C" mosaic-fa:128:true
-    keep fa-mosaic-128-true-fused
+  4) # the fused backward's candidates at head dim 128 (fused_bwd_128); then one bounded
+    # profile of the default backward.
+    fused_bwd_128
     PROFILE_KERNELS=pallas_flash_mosaic_bwd PROFILE_IMPLS=$M PROFILE_DETAILS=1 \
       PROFILE_SECTIONS=MemoryWorkloadAnalysis_Tables,WarpStateStats timeout 200 \
       bash $G "$C" profile-fa:128:8192:false ;;
@@ -91,16 +99,7 @@ case $call in
   128) # when a session gets one call: the head-dim-128 halves of calls 1 and 4, where
     # points 1 and 2 miss (the overlapped forward beside the default and the peers at 2k /
     # 8k; the fused backward's whole share and queries on the rows at 8k, both ways).
-    P=jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3
-    QR=$M/fused/fa3_order=false/share_halves=false/query_rows=true
-    FA_PASSES=fwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M,$OVERLAP,$P timeout 200 \
-      bash $G "$C" mosaic-fa:128:false mosaic-fa:128:true
-    keep fa-mosaic-128-fwd-overlap
-    FA_PASSES=bwd FA_SEQS=8192 MOSAIC_FA_IMPLS=$M,$M/share_halves=false,$QR,$M/pair,jax.nn:cudnn \
-      timeout 200 bash $G "$C" mosaic-fa:128:false
-    keep fa-mosaic-128-false-whole
-    FA_PASSES=bwd FA_SEQS=8192 MOSAIC_FA_IMPLS=$M,$M/fused,$QR,jax.nn:cudnn \
-      timeout 170 bash $G "$C" mosaic-fa:128:true
-    keep fa-mosaic-128-true-fused ;;
+    overlap_fwd 128
+    fused_bwd_128 ;;
   *) echo "next_calls: no call $call (1 to 6, or 128)" >&2; exit 2 ;;
 esac
