@@ -26,6 +26,8 @@ keep() {
   else echo "next_calls: no rows for $1" >&2; fi
 }
 PEERS=jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3
+# The fused step with the queries on the rows, in place of FA3's order and the halves.
+QR=$M/fused/fa3_order=false/share_halves=false/query_rows=true
 # overlap_fwd HD: the overlapped forward beside the default and all three peers at 2k and
 # 8k, both ways (calls 1 and 128).
 overlap_fwd() {
@@ -37,11 +39,10 @@ overlap_fwd() {
 # step with the queries on the rows, beside the pair and cuDNN; then causal, where the
 # default is the pair (calls 4 and 128).
 fused_bwd_128() {
-  local qr=$M/fused/fa3_order=false/share_halves=false/query_rows=true
-  FA_PASSES=bwd FA_SEQS=8192 MOSAIC_FA_IMPLS=$M,$M/share_halves=false,$qr,$M/pair,jax.nn:cudnn \
+  FA_PASSES=bwd FA_SEQS=8192 MOSAIC_FA_IMPLS=$M,$M/share_halves=false,$QR,$M/pair,jax.nn:cudnn \
     timeout 200 bash $G "$C" mosaic-fa:128:false
   keep fa-mosaic-128-false-whole
-  FA_PASSES=bwd FA_SEQS=8192 MOSAIC_FA_IMPLS=$M,$M/fused,$qr,jax.nn:cudnn \
+  FA_PASSES=bwd FA_SEQS=8192 MOSAIC_FA_IMPLS=$M,$M/fused,$QR,jax.nn:cudnn \
     timeout 170 bash $G "$C" mosaic-fa:128:true
   keep fa-mosaic-128-true-fused
 }
@@ -101,5 +102,16 @@ case $call in
     # 8k; the fused backward's whole share and queries on the rows at 8k, both ways).
     overlap_fwd 128
     fused_bwd_128 ;;
-  *) echo "next_calls: no call $call (1 to 6, or 128)" >&2; exit 2 ;;
+  7) # after call 128 (results/mosaic-f6435c2/: at 8k the whole share led non-causal, the
+    # rows causal): the compiled tests of both where they would be defaults (padded head
+    # dim 128), then both beside the default and cuDNN at 2k, 4k and 16k.
+    K="(fused_query_rows and (h80 or h96 or h128)) or fused_whole_share"
+    MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=170 MOSAIC_TESTS_K="$K" bash $G "$C" mosaic-tests
+    FA_PASSES=bwd FA_SEQS=2048,4096,16384 MOSAIC_FA_IMPLS=$M,$M/share_halves=false,jax.nn:cudnn \
+      timeout 190 bash $G "$C" mosaic-fa:128:false
+    keep fa-mosaic-128-false-whole-lengths
+    FA_PASSES=bwd FA_SEQS=2048,4096,16384 MOSAIC_FA_IMPLS=$M,$QR,jax.nn:cudnn timeout 190 \
+      bash $G "$C" mosaic-fa:128:true
+    keep fa-mosaic-128-true-rows-lengths ;;
+  *) echo "next_calls: no call $call (1 to 7, or 128)" >&2; exit 2 ;;
 esac

@@ -520,6 +520,17 @@ def test_gpu_fused_split_writer_changes_no_bit(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
+    "case", [c for c in GPU_CASES if padded_head_dim(c.head_dim) == 128], ids=lambda c: c.id
+)
+def test_gpu_fused_whole_share_changes_no_bit(case):
+    """The fused default's build (fused_full_bwd_config) with its dQ share whole instead
+    of in column halves, compiled, where it is timed (padded head dim 128): the same
+    bits as the halves, and the reference's tolerance."""
+    _flag_changes_no_bit(case, fused_full_bwd_config(case.head_dim), "share_halves", False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
     "case", [c for c in GPU_CASES if padded_head_dim(c.head_dim) == 64], ids=lambda c: c.id
 )
 def test_gpu_fused_narrow_share_matches_reference(case):
