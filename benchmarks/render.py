@@ -189,19 +189,24 @@ def latest_table(
     ours: str = "pallas_flash:mosaic",
     peer: str = "jax.nn:cudnn",
     required: tuple[str, ...] = ("jax.nn:cudnn", "tokamax:mosaic"),
+    device: str = "H200",
 ) -> str:
     """Issue 5's standing, point by point: for each (head dim, causal, pass, seq) of the
     fa suite, `ours` (the default config of the run's commit) against the best peer
     (forward) or against `peer` (backward), from the newest run that measured both
     there (run ids begin with the date and time; ours not where REVERTED_DEFAULTS says
     the run's default was later reverted); a forward ratio counts only from a
-    run that also timed every peer in `required`. The runs used are listed below, each
-    with its pre-roll where it had one (bench.PREROLL_S: runs before it favoured a peer
-    whose backward is slow in the forward, docs/mosaic.md, "Power limit and the pre-roll")."""
+    run that also timed every peer in `required`, and only runs on the issue's GPU
+    (`device` in the row's name of it: a call the tool ran on an H100 does not count).
+    The runs used are listed below, each with its pre-roll where it had one
+    (bench.PREROLL_S: runs before it favoured a peer whose backward is slow in the
+    forward, docs/mosaic.md, "Power limit and the pre-roll")."""
     points = collections.defaultdict(lambda: collections.defaultdict(dict))
     preroll: dict[str, float] = {}
     for r in rows:
         if r.get("suite") != "fa" or r["mask"] != "none" or r["pass"] not in ("fwd", "bwd"):
+            continue
+        if device not in (r.get("device") or device):  # unnamed: counted
             continue
         if r["error"] or not r["tflops"]:
             continue

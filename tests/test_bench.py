@@ -380,6 +380,26 @@ def test_latest_table_takes_each_point_from_the_newest_full_run():
     assert render.latest_table(rows(new, "fwd", 1024, {"jax.nn:cudnn": 1})) == ""
 
 
+def test_latest_table_counts_the_h200_only():
+    """A newer run on another GPU (the device tool may lend an H100) does not replace the
+    H200's cell; rows that name no device count."""
+    base = dict(suite="fa", mask="none", error=None, head_dim=128, causal=False, seq_q=8192)
+    rows = [
+        dict(base, run_id=run_id, device=device, impl=impl, tflops=t, **{"pass": "bwd"})
+        for run_id, device, speeds in (
+            ("20261205-140000-aaa", "NVIDIA H200", (400, 500)),
+            ("20261205-150000-bbb", "NVIDIA H100 80GB HBM3", (500, 500)),
+        )
+        for impl, t in zip(("pallas_flash:mosaic", "jax.nn:cudnn"), speeds)
+    ]
+    lines = render.latest_table(rows).splitlines()
+    assert "| 128 | no | bwd | 0.80x a |" in lines and lines[-1] == "a: 20261205-140000-aaa"
+    assert "1.00x" in render.latest_table([dict(r, device="") for r in rows[2:]])
+    for r in rows[2:]:
+        del r["device"]
+    assert render.latest_table(rows).splitlines()[-1] == "a: 20261205-150000-bbb"
+
+
 def test_latest_table_passes_over_reverted_defaults():
     """Where REVERTED_DEFAULTS says a commit's default was reverted, its rows of ours do
     not count there (the point falls back to an older run); elsewhere they do."""
