@@ -26,56 +26,47 @@ keep() {
   else echo "next_calls: no rows for $1" >&2; fi
 }
 PEERS=jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3
-# The fused step with the queries on the rows, in place of FA3's order and the halves.
-QR=$M/fused/fa3_order=false/share_halves=false/query_rows=true
 # overlap_fwd HD: the overlapped forward beside the default and all three peers at 2k and
-# 8k, both ways (calls 1 and 128).
+# 8k, both ways (call 1; head dim 128 ran at f6435c2, results/mosaic-f6435c2/).
 overlap_fwd() {
   FA_PASSES=fwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M,$OVERLAP,$PEERS timeout 200 \
     bash $G "$C" mosaic-fa:$1:false mosaic-fa:$1:true
   keep fa-mosaic-$1-fwd-overlap
 }
-# fused_bwd_128: head dim 128, 8k: the fused default with the whole share, and the fused
-# step with the queries on the rows, beside the pair and cuDNN; then causal, where the
-# default is the pair (calls 4 and 128).
-fused_bwd_128() {
-  FA_PASSES=bwd FA_SEQS=8192 MOSAIC_FA_IMPLS=$M,$M/share_halves=false,$QR,$M/pair,jax.nn:cudnn \
-    timeout 200 bash $G "$C" mosaic-fa:128:false
-  keep fa-mosaic-128-false-whole
-  FA_PASSES=bwd FA_SEQS=8192 MOSAIC_FA_IMPLS=$M,$M/fused,$QR,jax.nn:cudnn \
-    timeout 170 bash $G "$C" mosaic-fa:128:true
-  keep fa-mosaic-128-true-fused
-}
 case $call in
-  1) # the overlapped forward (unserialized since 12-05) beside the default and all three
-    # peers at 2k and 8k, head dims 128 and 64; then (G) the head-dim-64 rows beside the
-    # peers at the other lengths, so that the forward's table cells count them.
-    overlap_fwd 128
+  1) # the overlapped forward (unserialized since 12-05; at head dim 128 it trailed the
+    # default, results/mosaic-f6435c2/) beside the default and all three peers at 2k and
+    # 8k, head dim 64; then (G) the head-dim-64 rows beside the peers at the other
+    # lengths, so that the forward's table cells count them.
     overlap_fwd 64
     FA_PASSES=fwd FA_SEQS=1024,4096,16384 MOSAIC_FA_IMPLS=$M,$PEERS timeout 170 \
       bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true
     keep fa-mosaic-64-fwd ;;
   2) # the fused backward's head-dim-64 candidates beside the pair and cuDNN, then the
-    # compiled tests of whichever candidate call 1 or this call put ahead
-    # (CALL2_TESTS, pytest -k: intra_overlap by default, or narrow_share).
+    # compiled tests of whichever candidate this call or call 1 put ahead
+    # (CALL2_TESTS, pytest -k: narrow_share by default, or intra_overlap).
     FA_PASSES=bwd FA_SEQS=2048,8192 \
       MOSAIC_FA_IMPLS=$M,$H64,$N64,$N64/step_descriptors=true,jax.nn:cudnn timeout 320 \
       bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true
     keep fa-mosaic-64-fused
     MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=240 \
-      MOSAIC_TESTS_K=${CALL2_TESTS:-intra_overlap} bash $G "$C" mosaic-tests ;;
-  3) # the backward at 4k and 16k (the cells run af left); the persistent forward with
-    # early Q loads at head dim 64, 1k and 2k.
-    FA_PASSES=bwd FA_SEQS=4096,16384 MOSAIC_FA_IMPLS=$M,jax.nn:cudnn timeout 420 \
-      bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true mosaic-fa:128:false mosaic-fa:128:true
+      MOSAIC_TESTS_K=${CALL2_TESTS:-narrow_share} bash $G "$C" mosaic-tests ;;
+  3) # the backward at 4k and 16k (the cells 1d6a8bd's run left; head dim 128
+    # non-causal is call 4's); the persistent forward with early Q loads at head dim 64,
+    # 1k and 2k.
+    FA_PASSES=bwd FA_SEQS=4096,16384 MOSAIC_FA_IMPLS=$M,jax.nn:cudnn timeout 360 \
+      bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true mosaic-fa:128:true
     keep fa-mosaic-bwd-4k-16k
     FA_PASSES=fwd FA_SEQS=1024,2048 \
       MOSAIC_FA_IMPLS=$M,$M/persistent=true,$M/persistent=true/early_q_load=true,jax.nn:cudnn,jax:mosaic_fa3 \
       timeout 150 bash $G "$C" mosaic-fa:64:true mosaic-fa:64:false
     keep fa-mosaic-64-early-q ;;
-  4) # the fused backward's candidates at head dim 128 (fused_bwd_128); then one bounded
-    # profile of the default backward.
-    fused_bwd_128
+  4) # the default backward at head dim 128 non-causal (its dQ share whole since the
+    # 43rd session; on the H200 timed only as a variant, at 8k) beside cuDNN at 2k-16k;
+    # then one bounded profile of it.
+    FA_PASSES=bwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,jax.nn:cudnn timeout 300 \
+      bash $G "$C" mosaic-fa:128:false
+    keep fa-mosaic-128-false-default
     PROFILE_KERNELS=pallas_flash_mosaic_bwd PROFILE_IMPLS=$M PROFILE_DETAILS=1 \
       PROFILE_SECTIONS=MemoryWorkloadAnalysis_Tables,WarpStateStats timeout 200 \
       bash $G "$C" profile-fa:128:8192:false ;;
@@ -97,21 +88,5 @@ case $call in
     FA_PASSES=bwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M,$M/probs_before_dp=true,jax.nn:cudnn \
       timeout 290 bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true mosaic-fa:128:true
     keep fa-mosaic-bwd-probs-before-dp ;;
-  128) # when a session gets one call: the head-dim-128 halves of calls 1 and 4, where
-    # points 1 and 2 miss (the overlapped forward beside the default and the peers at 2k /
-    # 8k; the fused backward's whole share and queries on the rows at 8k, both ways).
-    overlap_fwd 128
-    fused_bwd_128 ;;
-  7) # after call 128 (results/mosaic-f6435c2/: at 8k the whole share led non-causal, the
-    # rows causal): the compiled tests of both where they would be defaults (padded head
-    # dim 128), then both beside the default and cuDNN at 2k, 4k and 16k.
-    K="(fused_query_rows and (h80 or h96 or h128)) or fused_whole_share"
-    MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=170 MOSAIC_TESTS_K="$K" bash $G "$C" mosaic-tests
-    FA_PASSES=bwd FA_SEQS=2048,4096,16384 MOSAIC_FA_IMPLS=$M,$M/share_halves=false,jax.nn:cudnn \
-      timeout 190 bash $G "$C" mosaic-fa:128:false
-    keep fa-mosaic-128-false-whole-lengths
-    FA_PASSES=bwd FA_SEQS=2048,4096,16384 MOSAIC_FA_IMPLS=$M,$QR,jax.nn:cudnn timeout 190 \
-      bash $G "$C" mosaic-fa:128:true
-    keep fa-mosaic-128-true-rows-lengths ;;
-  *) echo "next_calls: no call $call (1 to 7, or 128)" >&2; exit 2 ;;
+  *) echo "next_calls: no call $call (1 to 6)" >&2; exit 2 ;;
 esac

@@ -43,10 +43,10 @@ head-dim columns each, or half the rows where the columns would be narrower than
 a writer adds the slices to a float32 dQ in increasing key span, the order held by a
 global semaphore per query tile (mosaic/dq_adds.py), and XLA scales and casts the sum.
 The writer is a fourth warpgroup, or one warp of the producer's (`writer_warp`), or two
-warps taking every other step (`split_writer`). Built in FA3's order with its share in
-column halves and two writer warps (`bwd_config.fused_full_bwd_config`), it is the
-default at padded head dim 128 when the call is not causal; the pair is the default
-elsewhere. Fused, each head's query tiles are walked from the last down, so that the
+warps taking every other step (`split_writer`). Built in FA3's order with its share
+whole and two writer warps (`bwd_config.fused_full_bwd_config`), it is the default at
+padded head dim 128 when the call is not causal; the pair is the default elsewhere.
+Fused, each head's query tiles are walked from the last down, so that the
 CTAs of neighbouring spans reach a tile at about the same step and their ordered adds
 do not wait on each other's tails. Its step comes in three forms: the plain one (every
 group of wgmmas awaited before the next work), FA3's order over S^T (`fa3_step`), and

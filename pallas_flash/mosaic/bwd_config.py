@@ -47,10 +47,10 @@ over the 227 KiB budget, hence one warpgroup there.
 
 The fused backward (`fused=True`: one kernel, five matmuls, dQ added in a fixed order by
 mosaic/dq_adds.py) is the default at padded head dim 128 when the call is not causal, in
-FA3's order with its share in column halves and two writer warps (BWD_FUSED_FULL below
-has the evidence: 1.02-1.05x the pair from 2k); causal calls and the other head dims keep
-the pair. First compiled (77b90a9) it ran 0.64-0.69x the pair (head dim 128,
-non-causal, seq 512-4k, `fa-mosaic-fused-77b90a9.jsonl`). It adds to the
+FA3's order with its share whole and two writer warps (BWD_FUSED_FULL below has the
+evidence: 1.02-1.05x the pair from 2k, then 0.99-1.06x the share in halves); causal calls
+and the other head dims keep the pair. First compiled (77b90a9) it ran 0.64-0.69x the
+pair (head dim 128, non-causal, seq 512-4k, `fa-mosaic-fused-77b90a9.jsonl`). It adds to the
 dK/dV kernel one dS^T buffer (consumers x block_kv x block_q, 16 KiB at 2 x 64 x 64) and
 two float32 dQ-share slots (2 x block_q x head dim x 4, 64 KiB at 64 x 128): at head
 dim 128, 2 x 64-key tiles and 64-row query tiles with a two-stage ring, 217,208 bytes
@@ -164,8 +164,16 @@ class MosaicBwdConfig:
       the H200, here, at 1debc37, with step_descriptors and the writer warps) to 36
       wgmma groups, no serialization, 188 / 208 bytes of spill stores non-causal /
       causal kept out of its unmasked steps, which issue 498 instructions against the
-      fused default's 556 (docs/mosaic.md, "Queries on the rows, again"); not yet
-      timed so.
+      fused default's 556 (docs/mosaic.md, "Queries on the rows, again"). Timed so
+      (with the whole share's build, `$M/fused/fa3_order=false/share_halves=false/
+      query_rows=true`) beside the defaults in one process: head dim 128, 8k, on the
+      H200, causal 469.7 TFLOP/s against the pair's 447.8 (1.05x; cuDNN 461.4),
+      non-causal 492.0 against the halves' 477.9 and the whole share's 505.3
+      (results/mosaic-f6435c2/); causal at 2k / 4k / 16k, on an H100, 351.2 / 404.6 /
+      480.0 against the pair's 356.7 / 421.6 / 487.4 (0.98x / 0.96x / 0.98x;
+      results/mosaic-d044a97/fa-mosaic-128-true-rows-lengths.jsonl). Compiled, the
+      reference's tolerance on the 7 of its padded-head-dim-128 rows that ran (of 11;
+      results/mosaic-d044a97/mosaic-tests-call7.log). Off: ahead at one length only.
     share_probs: split_dkv: the dV warpgroup hands its float32 P^T to the dK warpgroup
       through shared memory (one tile, a barrier each way), so that the dK warpgroup
       computes dP^T alone where it recomputed S^T = K Q^T and the exp2 as well: four
@@ -255,7 +263,8 @@ class MosaicBwdConfig:
       (0.98x / 1.03x; the pair 460.1 / 445.5, cuDNN 509.5 / 473.1); 6 of the 25
       compiled reference rows ran, and passed. Off: the serialization was not what
       held the fused kernel back (docs/mosaic.md, "Half shares"); the default at head dim 128
-      non-causal takes it with the two writer warps (fused_full_bwd_config). At head
+      non-causal took it with the two writer warps from c8bc107 until the whole share
+      ran ahead with them (BWD_SHARE_HALVES below). At head
       dim 64 with 64-row query tiles (block_q_dkv=64) the narrow swizzle lets the
       consumers split the share's columns, 32 each (one piece; `dq_part`), where
       without it they need 128-row tiles and split the rows: half the score tiles'
@@ -617,17 +626,28 @@ def fused_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
 
 
 # The fused backward (one kernel, dQ added in a fixed order) in FA3's step order with
-# per-step descriptors, its dQ share in column halves and its ordered adds in two writer
-# warps, a slot each (`fused_full_bwd_config`): the default of padded head dim 128 when
-# the call is not causal, since 9651b8e's runs (results/mosaic-9651b8e/; bf16,
-# B x T = 16k, backward TFLOP/s, against the pair in the same process): non-causal
-# 2k / 4k / 8k / 16k 427.5 / 457.7 / 473.6 / 475.8 against 406.9 / 449.4 / 461.0 / 456.8
-# (1.05x / 1.02x / 1.03x / 1.04x; cuDNN 418.1 / 488.8 / 515.7 / 521.0). Causal it ran
-# 1.01x / 1.02x / 1.00x / 0.98x the pair (351.2 / 408.7 / 447.1 / 455.8 against 348.2 /
-# 400.9 / 445.2 / 465.0): level, so causal calls keep the pair. Compiled, the split
+# per-step descriptors and its ordered adds in two writer warps, a slot each
+# (`fused_full_bwd_config`): the default of padded head dim 128 when the call is not
+# causal, since 9651b8e's runs (results/mosaic-9651b8e/; bf16, B x T = 16k, backward
+# TFLOP/s, against the pair in the same process), then with its dQ share in column
+# halves: non-causal 2k / 4k / 8k / 16k 427.5 / 457.7 / 473.6 / 475.8 against 406.9 /
+# 449.4 / 461.0 / 456.8 (1.05x / 1.02x / 1.03x / 1.04x; cuDNN 418.1 / 488.8 / 515.7 /
+# 521.0). Causal it ran 1.01x / 1.02x / 1.00x / 0.98x the pair: level, so causal calls
+# keep the pair. Compiled, the split
 # writer gives the one writer's bits on the 11 fused case-table rows that ran
 # (results/mosaic-9651b8e/mosaic-tests-split-writer.log).
+# The share whole (share_halves=False) since d044a97's runs, beside the halves in one
+# process: at 8k on the H200 505.3 TFLOP/s against 477.9 (1.06x; cuDNN 513.1, the pair
+# 463.0; results/mosaic-f6435c2/fa-mosaic-128-false-whole.jsonl); at 2k / 4k / 16k, on
+# an H100 (the call got one), 446.9 / 489.3 / 524.0 against 451.4 / 469.3 / 521.7
+# (0.99x / 1.04x / 1.00x; cuDNN 414.8 / 476.4 / 527.5;
+# results/mosaic-d044a97/fa-mosaic-128-false-whole-lengths.jsonl). Compiled, the halves'
+# bits (and the reference's tolerance) on all 11 case-table rows of padded head dim 128
+# (test_gpu_fused_whole_share_changes_no_bit, results/mosaic-d044a97/
+# mosaic-tests-whole-share.log). For the H200, compiled here, it spills 132 / 220 bytes
+# (stored / loaded) to the halves' 24 / 100, and ptxas serializes no wgmma.
 BWD_FUSED_FULL = True
+BWD_SHARE_HALVES = False
 
 
 def fused_full_bwd_config(head_dim: int) -> MosaicBwdConfig:
@@ -637,7 +657,7 @@ def fused_full_bwd_config(head_dim: int) -> MosaicBwdConfig:
         fused_mosaic_bwd_config(head_dim),
         fa3_order=True,
         step_descriptors=True,
-        share_halves=True,
+        share_halves=BWD_SHARE_HALVES,
         writer_warp=True,
         split_writer=True,
     )
