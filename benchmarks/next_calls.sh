@@ -63,12 +63,17 @@ case $call in
     keep fa-mosaic-64-early-q ;;
   4) # the default backward at head dim 128 non-causal (its dQ share whole since the
     # 43rd session; on the H200 timed only as a variant, at 8k) beside cuDNN at 2k-16k;
-    # then one bounded profile of it.
-    FA_PASSES=bwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,jax.nn:cudnn timeout 300 \
+    # causal, the fused kernel with that share (`fused`: compiled, its 11 padded-head-
+    # dim-128 rows passed at d044a97, causal ones included) beside the pair (the default
+    # there) and cuDNN; then one bounded profile of the non-causal default.
+    FA_PASSES=bwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,jax.nn:cudnn timeout 190 \
       bash $G "$C" mosaic-fa:128:false
     keep fa-mosaic-128-false-default
+    FA_PASSES=bwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,$M/fused,jax.nn:cudnn \
+      timeout 220 bash $G "$C" mosaic-fa:128:true
+    keep fa-mosaic-128-true-fused-whole
     PROFILE_KERNELS=pallas_flash_mosaic_bwd PROFILE_IMPLS=$M PROFILE_DETAILS=1 \
-      PROFILE_SECTIONS=MemoryWorkloadAnalysis_Tables,WarpStateStats timeout 200 \
+      PROFILE_SECTIONS=MemoryWorkloadAnalysis_Tables,WarpStateStats timeout 150 \
       bash $G "$C" profile-fa:128:8192:false ;;
   5) # the writer's hand-over patch on the default ("Two writer warps", item 5): applied
     # to this copy of the tree, timed, then its compiled tests; nothing runs without it.
