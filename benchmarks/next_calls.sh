@@ -64,17 +64,16 @@ case $call in
   4) # the default backward at head dim 128 non-causal (its dQ share whole since the
     # 43rd session; on the H200 timed only as a variant, at 8k) beside cuDNN at 2k-16k;
     # causal, the fused kernel with that share (`fused`: compiled, its 11 padded-head-
-    # dim-128 rows passed at d044a97, causal ones included) beside the pair (the default
-    # there) and cuDNN; then one bounded profile of the non-causal default.
-    FA_PASSES=bwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,jax.nn:cudnn timeout 190 \
+    # dim-128 rows passed at d044a97, causal ones included) and the rows' step (1.05x
+    # the pair at 8k on the H200, 0.96-0.98x at 2k / 4k / 16k on an H100) beside the
+    # pair (the default there) and cuDNN, on the H200.
+    FA_PASSES=bwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,jax.nn:cudnn timeout 200 \
       bash $G "$C" mosaic-fa:128:false
     keep fa-mosaic-128-false-default
-    FA_PASSES=bwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,$M/fused,jax.nn:cudnn \
-      timeout 220 bash $G "$C" mosaic-fa:128:true
-    keep fa-mosaic-128-true-fused-whole
-    PROFILE_KERNELS=pallas_flash_mosaic_bwd PROFILE_IMPLS=$M PROFILE_DETAILS=1 \
-      PROFILE_SECTIONS=MemoryWorkloadAnalysis_Tables,WarpStateStats timeout 150 \
-      bash $G "$C" profile-fa:128:8192:false ;;
+    FA_PASSES=bwd FA_SEQS=2048,4096,8192,16384 \
+      MOSAIC_FA_IMPLS=$M,$M/fused,$M/fused/fa3_order=false/query_rows=true,jax.nn:cudnn \
+      timeout 300 bash $G "$C" mosaic-fa:128:true
+    keep fa-mosaic-128-true-fused-whole ;;
   5) # the writer's hand-over patch on the default ("Two writer warps", item 5): applied
     # to this copy of the tree, timed, then its compiled tests; nothing runs without it.
     P=benchmarks/results/mosaic-3167827/hand-over.patch
@@ -93,5 +92,10 @@ case $call in
     FA_PASSES=bwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M,$M/probs_before_dp=true,jax.nn:cudnn \
       timeout 290 bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true mosaic-fa:128:true
     keep fa-mosaic-bwd-probs-before-dp ;;
-  *) echo "next_calls: no call $call (1 to 6)" >&2; exit 2 ;;
+  7) # one bounded Nsight Compute profile of the default backward, head dim 128
+    # non-causal 8k (the whole share since the 43rd session).
+    PROFILE_KERNELS=pallas_flash_mosaic_bwd PROFILE_IMPLS=$M PROFILE_DETAILS=1 \
+      PROFILE_SECTIONS=MemoryWorkloadAnalysis_Tables,WarpStateStats timeout 200 \
+      bash $G "$C" profile-fa:128:8192:false ;;
+  *) echo "next_calls: no call $call (1 to 7)" >&2; exit 2 ;;
 esac

@@ -271,7 +271,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"1": 1, "2": 3, "3": 2, "4": 1, "5": 0, "6": 1}
+_CALL_VARIANTS = {"1": 1, "2": 3, "3": 2, "4": 2, "5": 0, "6": 1, "7": 0}
 
 
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
@@ -312,5 +312,5 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):
-    proc, calls, _ = next_calls("7")
-    assert proc.returncode == 2 and "no call 7" in proc.stderr and not calls
+    proc, calls, _ = next_calls("8")
+    assert proc.returncode == 2 and "no call 8" in proc.stderr and not calls
