@@ -15,10 +15,12 @@ G=benchmarks/gpu_run.sh
 H64=$M/q_do_in_registers=false/fused=true/num_stages_dkv=2/fa3_order=true/step_descriptors=true/writer_warp=true/split_writer=true
 N64=$M/q_do_in_registers=false/fused=true/block_q_dkv=64/share_halves=true/fa3_order=true/writer_warp=true/split_writer=true
 # The forward's intra-warpgroup overlap, with what it takes in place of the default row's
-# early K wait, named turns, conditional rescale, (non-causal) persistent grid and (head
-# dim 64 non-causal) row sums on the tensor cores; 128-key tiles (at head dim 64 the
-# default's 256-key tiles do not fit two score tiles' registers: C7512, 644 B of spills).
-OVERLAP=$M/intra_overlap=true/early_k_wait=false/named_turns=false/rescale_slack=none/persistent=false/row_sum_wgmma=false/block_kv=128
+# early K wait, named turns, (non-causal) persistent grid and (head dim 64 non-causal) row
+# sums on the tensor cores; 128-key tiles (at head dim 64 the default's 256-key tiles do
+# not fit two score tiles' registers: C7512, 644 B of spills). It keeps the row's
+# conditional rescale (head dims 128-256) since the 43rd session; without it, at f6435c2,
+# it ran 0.93-1.00x the default at head dim 128 (results/mosaic-f6435c2/).
+OVERLAP=$M/intra_overlap=true/early_k_wait=false/named_turns=false/persistent=false/row_sum_wgmma=false/block_kv=128
 # keep NAME: the last mosaic-fa step's rows as $OUT/NAME.jsonl (a step that wrote none,
 # for a timeout before its first row, is said, and the call goes on).
 keep() {
@@ -27,7 +29,7 @@ keep() {
 }
 PEERS=jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3
 # overlap_fwd HD: the overlapped forward beside the default and all three peers at 2k and
-# 8k, both ways (call 1; head dim 128 ran at f6435c2, results/mosaic-f6435c2/).
+# 8k, both ways (call 1).
 overlap_fwd() {
   FA_PASSES=fwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M,$OVERLAP,$PEERS timeout 200 \
     bash $G "$C" mosaic-fa:$1:false mosaic-fa:$1:true
@@ -35,9 +37,11 @@ overlap_fwd() {
 }
 case $call in
   1) # the overlapped forward (unserialized since 12-05; at head dim 128 it trailed the
-    # default, results/mosaic-f6435c2/) beside the default and all three peers at 2k and
-    # 8k, head dim 64; then (G) the head-dim-64 rows beside the peers at the other
-    # lengths, so that the forward's table cells count them.
+    # default without the conditional rescale, results/mosaic-f6435c2/, and takes it now)
+    # beside the default and all three peers at 2k and 8k, head dims 128 and 64; then
+    # (G) the head-dim-64 rows beside the peers at the other lengths, so that the
+    # forward's table cells count them.
+    overlap_fwd 128
     overlap_fwd 64
     FA_PASSES=fwd FA_SEQS=1024,4096,16384 MOSAIC_FA_IMPLS=$M,$PEERS timeout 170 \
       bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true

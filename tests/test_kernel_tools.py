@@ -537,7 +537,7 @@ def test_lowered_digest_builds_refused_flips_with_their_companions():
     fwd = dict(lowered_digest.flips(default_mosaic_config(128, 2048, True)))
     (overlap,) = [c for label, c in fwd.items() if label.startswith("intra_overlap=True with")]
     assert isinstance(overlap, MosaicConfig) and overlap.intra_overlap
-    assert not overlap.early_k_wait and overlap.rescale_slack is None
+    assert not overlap.early_k_wait and overlap.rescale_slack == 8  # the overlap takes it
     bwd = dict(lowered_digest.flips(fused_full_bwd_config(128)))
     (rows,) = [c for label, c in bwd.items() if label.startswith("query_rows=True with")]
     assert rows.query_rows and not rows.fa3_order and not rows.share_halves

@@ -228,6 +228,15 @@ def test_interpret_intra_overlap_matches_reference(case):
     _compare(case, config, interpret=True, seed=seed_of(case))
 
 
+@pytest.mark.extended
+@pytest.mark.parametrize("case", OVERLAP_CASES, ids=lambda c: c.id)
+def test_interpret_intra_overlap_with_rescale_slack_matches_reference(case):
+    """intra_overlap with the conditional rescale (rescale_slack): rows whose max grew by
+    at most the slack keep their old one, alpha 1, through the overlapped steps."""
+    config = dataclasses.replace(SMALL, intra_overlap=True, rescale_slack=8.0)
+    _compare(case, config, interpret=True, seed=seed_of(case))
+
+
 def test_interpret_fully_masked_rows_are_zero_not_nan():
     # Batch 0: bottom-right causal with q_len 30 > kv_len 24, so the diagonal starts at
     # column -6 and rows 0..5 see no key; the last 10 rows are padding. Batch 1: no key.

@@ -333,7 +333,9 @@ class MosaicConfig:
       only where no row grew at all. The output is the same softmax; rounding differs
       (p carries up to `slack` more bits of exponent, none of mantissa). In GPU interpret
       mode each row decides alone (no warps there), with alpha 1 where it does not
-      rescale. Not with intra_overlap (whose rescale sits elsewhere). None: always.
+      rescale. With intra_overlap the skip is taken on the rescale after each step's P V
+      (the vote there is on alpha != 1, which the softmax leaves on exactly the rows it
+      rescales; since the 43rd session, compiled here, not yet timed). None: always.
       Timed at 7c428a8 beside the default (bf16, B x T = 16k, non-causal 8k): slack 8
       ran 1.02x at head dim 128 and 0.94x at 64 (452.5 against 479.3 TFLOP/s), where a
       step's rescale is 32 multiplies a thread against the vote, the branch and the
@@ -429,12 +431,6 @@ class MosaicConfig:
         if self.row_sum_wgmma and self.intra_overlap:
             raise ValueError(
                 "row_sum_wgmma sums P beside the plain schedule's P V: not with intra_overlap"
-            )
-        if slack is not None and self.intra_overlap:
-            raise ValueError(
-                f"rescale_slack={self.rescale_slack} is the plain schedule's: not with "
-                "intra_overlap (whose rescale sits elsewhere); pass rescale_slack=None "
-                "with intra_overlap=True (the default rows of head dims 128-256 set 8)"
             )
         if self.poly_exp2_cols % 8 or not 0 <= self.poly_exp2_cols <= self.block_kv:
             raise ValueError(
@@ -596,7 +592,6 @@ ROW_SUM_WGMMA_64 = True
 OVERLAP_REPLACES = dict(
     early_k_wait=False,
     named_turns=False,
-    rescale_slack=None,
     rescale_before_turn=False,
     persistent=False,
     row_sum_wgmma=False,

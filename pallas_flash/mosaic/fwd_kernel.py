@@ -36,7 +36,7 @@ from pallas_flash.mosaic.pipeline import (
     release_slot,
     stream_kv_tiles,
 )
-from pallas_flash.mosaic.softmax import online_softmax
+from pallas_flash.mosaic.softmax import online_softmax, warp_any
 
 # row_sum_wgmma: the keys of P each wgmma with the ones takes (a 128-byte swizzle's).
 ONES_KEYS = 64
@@ -382,7 +382,8 @@ def fwd_kernel(
                     pingpong.meet()
                     # wgmma groups complete in order: at most one in flight is the P V.
                     s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
-                    # (no rescale_slack with intra_overlap: the rescale flag is None)
+                    # with rescale_slack, alpha is 1 on each row the softmax left as it
+                    # was (the flag is taken again below, outside the wgmmas' scope)
                     return softmax(s, m_i, l_i, c, release_k(j, slot, s.shape, masked))[:4]
 
                 if config.p_in_registers:
@@ -425,7 +426,15 @@ def fwd_kernel(
                     )
                     acc, p = acc + pv, None
                 release_slot(v_free, prev)
-                return acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), m_i, l_i, p
+
+                def scaled():
+                    return acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+                if config.rescale_slack is not None and compiled:
+                    # The conditional rescale: a warp none of whose rows moved its max
+                    # (alpha 1 on each) skips the multiply, as `body` does with the flag.
+                    return lax.cond(warp_any(alpha != 1.0), scaled, lambda: acc), m_i, l_i, p
+                return scaled(), m_i, l_i, p
 
             def last_pv(acc, p, j):
                 slot = slot_of(j)
