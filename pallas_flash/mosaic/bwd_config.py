@@ -632,10 +632,10 @@ def fused_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
 # TFLOP/s, against the pair in the same process), then with its dQ share in column
 # halves: non-causal 2k / 4k / 8k / 16k 427.5 / 457.7 / 473.6 / 475.8 against 406.9 /
 # 449.4 / 461.0 / 456.8 (1.05x / 1.02x / 1.03x / 1.04x; cuDNN 418.1 / 488.8 / 515.7 /
-# 521.0). Causal it ran 1.01x / 1.02x / 1.00x / 0.98x the pair: level, so causal calls
-# keep the pair. Compiled, the split
-# writer gives the one writer's bits on the 11 fused case-table rows that ran
-# (results/mosaic-9651b8e/mosaic-tests-split-writer.log).
+# 521.0). Causal it ran 1.01x / 1.02x / 1.00x / 0.98x the pair (351.2 / 408.7 / 447.1 /
+# 455.8 against 348.2 / 400.9 / 445.2 / 465.0): level, so causal calls keep the pair.
+# Compiled, the split writer gives the one writer's bits on the 11 fused case-table rows
+# that ran (results/mosaic-9651b8e/mosaic-tests-split-writer.log).
 # The share whole (share_halves=False) since d044a97's runs, beside the halves in one
 # process: at 8k on the H200 505.3 TFLOP/s against 477.9 (1.06x; cuDNN 513.1, the pair
 # 463.0; results/mosaic-f6435c2/fa-mosaic-128-false-whole.jsonl); at 2k / 4k / 16k, on
