@@ -224,11 +224,12 @@ def default_config(family: str, pass_: str, s: suites.Shape):
 
 def interpretable(c):
     """The config as GPU interpret mode runs it: P and the backward's matmul operands
-    staged through shared memory (the interpreter's wgmma reads no registers)."""
+    staged through shared memory (the interpreter's wgmma reads no registers;
+    MosaicBwdConfig.interpreted)."""
     if isinstance(c, configs.MosaicConfig):
         return dataclasses.replace(c, p_in_registers=False)
     if isinstance(c, configs.MosaicBwdConfig):
-        return dataclasses.replace(c, operands_in_registers=False)
+        return c.interpreted()
     return c
 
 

@@ -9,9 +9,9 @@ ptxas's report of every kernel.
 
 What they hold the defaults to: ptxas serializes no wgmma in any of them ("Potential
 Performance Loss", C7512: on the H200 that alone cost the fused backward half its
-speed, docs/mosaic.md, "C7512"), and the forward kernels spill nothing. The same for the fused
-backward's candidates at head dim 64 that wait to be timed (docs/mosaic.md, "Compiled here, for
-the H200"), so that the device time they are given is not spent on a serialized build.
+speed, docs/mosaic.md, "C7512"), and the forward kernels spill nothing; the default
+rows include the fused backward at head dims 64 (non-causal) and 128, whose first build
+at 64 ptxas serialized (docs/mosaic.md, "Compiled here, for the H200").
 """
 
 from __future__ import annotations
@@ -25,17 +25,6 @@ import pytest
 from benchmarks import deviceless
 
 M = "pallas_flash:mosaic"
-# The fused backward at head dim 64 in FA3's order with two writer warps, from the pair's
-# row: 64-row query tiles with the share's columns split (tests/test_mosaic_fused.py's
-# NARROW_CANDIDATE), and 128-row tiles with its rows split (two stages, step descriptors).
-FUSED_64 = (
-    f"{M}/pair/q_do_in_registers=false/fused=true/fa3_order=true/writer_warp=true/split_writer=true"
-)
-CANDIDATES = {
-    "h64-narrow": f"{FUSED_64}/block_q_dkv=64/share_halves=true",
-    "h64-rows": f"{FUSED_64}/num_stages_dkv=2/step_descriptors=true",
-}
-
 pytestmark = [
     pytest.mark.sm90,
     pytest.mark.skipif(
@@ -78,20 +67,14 @@ def test_default_rows_serialize_no_wgmma(tmp_path, head_dim):
     _check(_compiled(tmp_path, M, head_dim), head_dim)
 
 
-@pytest.mark.parametrize("name", sorted(CANDIDATES))
-def test_fused_candidates_serialize_no_wgmma(tmp_path, name):
-    rows = _compiled(tmp_path, CANDIDATES[name], 64)
-    _check(rows, 64)
-    assert all(any("_bwd_fused" in k["kernel"] for k in row["kernels"]) for row in rows)
-
-
 def test_a_serialized_build_is_reported(tmp_path):
-    """The check above can fail: the 128-row candidate without step descriptors, its
-    fresh accumulators zeroed by moves (held_zero=false), is one ptxas serializes (every
-    wgmma its own group) and spills in, as the fused kernel in FA3's order was on the
-    H200 before step_descriptors (docs/mosaic.md, "C7512"). With held_zero it is not: 36 groups,
-    80 bytes of spill stores against 2,004 (docs/mosaic.md, "Zeros held across the loop")."""
-    build = CANDIDATES["h64-rows"].replace("/step_descriptors=true", "/held_zero=false")
+    """The check above can fail: the fused default at head dim 64 without step
+    descriptors, its fresh accumulators zeroed by moves (held_zero=false), is one ptxas
+    serializes (every wgmma its own group) and spills in, as the fused kernel in FA3's
+    order was on the H200 before step_descriptors (docs/mosaic.md, "C7512"). With held_zero it
+    is not: 36 groups, 80 bytes of spill stores against 2,004 (docs/mosaic.md, "Zeros held
+    across the loop")."""
+    build = f"{M}/step_descriptors=false/held_zero=false"
     (row,) = _compiled(tmp_path, build, 64, "false")
     (fused,) = [k for k in row["kernels"] if "_bwd_fused" in k["kernel"]]
     assert fused["warnings"] and "Potential Performance Loss" in fused["warnings"][0]
@@ -99,8 +82,8 @@ def test_a_serialized_build_is_reported(tmp_path):
 
 
 def _backward_steps(impl: str, tmp_path, field: str) -> dict[str, list]:
-    """Per backward kernel of the head-dim-64 non-causal row, `field` of each of its
-    steps (benchmarks.ptxas.sass_loops: fresh_wgmmas, beside_pending, ...)."""
+    """Per backward kernel of the head-dim-64 non-causal row of `impl` (the pair's, below),
+    `field` of each of its steps (benchmarks.ptxas.sass_loops: fresh_wgmmas, ...)."""
     (row,) = _compiled(tmp_path, impl, 64, "false", sass=True)
     assert row["error"] is None, row["error"]
     return {
@@ -111,12 +94,12 @@ def _backward_steps(impl: str, tmp_path, field: str) -> dict[str, list]:
 
 
 def test_held_zero_folds_every_fresh_accumulator(tmp_path):
-    """pipeline.held_zero: in the pair's every step (the default at head dim 64), S^T and
-    dP^T (dK/dV kernel), S and dP (dQ kernel) start from zeros ptxas folds into their
-    first wgmmas; with run_scoped's zeros (held_zero=false) it folds only the first of
-    the two in the unmasked steps, and zeroes the other's 64 registers by moves."""
-    held = _backward_steps(M, tmp_path / "on", "fresh_wgmmas")
-    plain = _backward_steps(f"{M}/held_zero=false", tmp_path / "off", "fresh_wgmmas")
+    """pipeline.held_zero: in the pair's every step (the default at head dim 64 causal),
+    S^T and dP^T (dK/dV kernel), S and dP (dQ kernel) start from zeros ptxas folds into
+    their first wgmmas; with run_scoped's zeros (held_zero=false) it folds only the first
+    of the two in the unmasked steps, and zeroes the other's 64 registers by moves."""
+    held = _backward_steps(f"{M}/pair", tmp_path / "on", "fresh_wgmmas")
+    plain = _backward_steps(f"{M}/pair/held_zero=false", tmp_path / "off", "fresh_wgmmas")
     assert set(held) == set(plain) and len(held) == 2, held
     for kernel, steps in held.items():
         assert steps and all(n == 2 for n in steps), (kernel, steps)
@@ -124,13 +107,13 @@ def test_held_zero_folds_every_fresh_accumulator(tmp_path):
 
 
 def test_probs_before_dp_issues_work_beside_dp(tmp_path):
-    """MosaicBwdConfig.probs_before_dp: the pair's steps (the default at head dim 64)
-    await S and dP together without it (no instruction while a product is pending), and
+    """MosaicBwdConfig.probs_before_dp: the pair's steps (the default at head dim 64
+    causal) await S and dP together without it (no instruction while a product is pending), and
     with it issue the scores' scaling and some of their exp2 between S's wait and dP's,
     in every step of both kernels (the dQ kernel's unmasked step: its 64 FFMAs and 16
     exp2, docs/mosaic.md, "Scores' exp2 beside dP")."""
-    plain = _backward_steps(M, tmp_path / "off", "beside_pending")
-    early = _backward_steps(f"{M}/probs_before_dp=true", tmp_path / "on", "beside_pending")
+    plain = _backward_steps(f"{M}/pair", tmp_path / "off", "beside_pending")
+    early = _backward_steps(f"{M}/pair/probs_before_dp=true", tmp_path / "on", "beside_pending")
     assert set(plain) == set(early) and len(plain) == 2, plain
     for kernel, steps in plain.items():
         assert steps and all(n == 0 for n in steps), (kernel, steps)

@@ -164,7 +164,7 @@ INTERPRET_CASES = [
         causal=True,
         segments=(packed([(30, 100), (130,)], 130), packed([(40, 110), (150,)], 150)),
     ),
-    # Head dims 65-128 without a causal mask take the fused default (BWD_FUSED_FULL): no
+    # Padded head dim 128 (and 64 without a causal mask) takes the fused default: no
     # mask with a GQA group and a ragged last query tile (several spans adding to each
     # query tile), and packed documents with ragged key lengths at a padded head dim.
     Case(1, 300, 512, 2, 1, 128, BF16),

@@ -126,7 +126,7 @@ FUSED_VARIANTS = {
     "split-writer": {"share_halves": True, "writer_warp": True, "split_writer": True},
     # Two writer warps with the whole share (head dim 64's rows: a share of N = 64).
     "writer-warps": {"writer_warp": True, "split_writer": True},
-    # The queries on the rows with the two writer warps: the candidate call 4 times.
+    # The queries on the rows with the two writer warps: the candidate timed at 7a9e602.
     "query-rows-writer-warps": {"query_rows": True, "writer_warp": True, "split_writer": True},
 }
 

@@ -468,15 +468,19 @@ def test_fused_kernel_lowers_for_hopper(head_dim, config, with_segments):
     assert "pallas_flash_mosaic_bwd_dq" not in text and "pallas_flash_mosaic_bwd_dkdv" not in text
 
 
-@pytest.mark.parametrize("segments", [False, True], ids=["plain", "segments"])
-@pytest.mark.parametrize("head_dim", [96, 128])
-def test_default_fused_backward_lowers_for_hopper(head_dim, segments):
-    """The default at head dims 65-128 without a causal mask (the fused kernel in FA3's
-    order, its share in halves, two writer warps) lowers for sm_90 on CPU, register
-    operands included, which interpret mode drops (fa3_order): one kernel, no dQ
-    kernel."""
-    config = default_mosaic_bwd_config(head_dim, False)
+@pytest.mark.parametrize(
+    "head_dim,causal,segments",
+    [(64, False, False), (96, False, True), (128, False, False), (128, True, True)],
+    ids=["h64", "h96-segments", "h128", "h128-causal-segments"],
+)
+def test_default_fused_backward_lowers_for_hopper(head_dim, causal, segments):
+    """The default at padded head dim 128 and at 64 without a causal mask (the fused
+    kernel in FA3's order, its share whole, two writer warps) lowers for sm_90 on CPU,
+    register operands included, which interpret mode drops (fa3_order): one kernel, no
+    dQ kernel."""
+    config = default_mosaic_bwd_config(head_dim, causal)
     assert config.fused and config.fa3_order and config.split_writer
-    text = _lowered(head_dim, config, masks.MaskSpec(segments=segments))
+    spec = masks.MaskSpec(causal=causal, segments=segments)
+    text = _lowered(head_dim, config, spec)
     assert "pallas_flash_mosaic_bwd_fused" in text
     assert "pallas_flash_mosaic_bwd_dq" not in text

@@ -92,11 +92,10 @@ def test_sweep_tiny_mosaic_runs_and_renders(tmp_path):
         (other,) = [r["config"] for r in fwd if not r["default"]]
         changed = [k for k, v in other.items() if v != getattr(default_fwd, k)]
         assert len(changed) == 1 and not other["p_in_registers"], changed
-    default_bwd = dataclasses.replace(
-        configs.default_mosaic_bwd_config(64, False), operands_in_registers=False
-    )
     bwd = [r for r in rows if r["pass"] == "bwd"]
-    assert all(r["config"] == dataclasses.asdict(default_bwd) for r in bwd if r["default"])
+    for r in bwd:  # the fused kernel non-causal, the pair causal (head dim 64)
+        default_bwd = sweep.interpretable(configs.default_mosaic_bwd_config(64, r["causal"]))
+        assert (r["config"] == dataclasses.asdict(default_bwd)) == r["default"]
     assert all(not r["config"]["operands_in_registers"] for r in bwd)
     table = render.sweep_table(rows + [status])
     assert "sweep of the Mosaic GPU kernels" in table and "Triton" not in table

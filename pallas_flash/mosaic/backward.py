@@ -77,7 +77,6 @@ stores into them). Everything else is the same code.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -211,14 +210,7 @@ def backward(
     if interpret is True:
         interpret = plgpu.InterpretGPUParams()
     if interpret is not False:  # the interpreter's wgmma reads shared memory only
-        config = dataclasses.replace(
-            config,
-            operands_in_registers=False,
-            fa3_order=False,
-            q_do_in_registers=False,
-            k_v_in_registers=False,
-            held_zero=False,  # nor can its accumulators be stored into
-        )
+        config = config.interpreted()
 
     # One padded length serves both kernels: whole dK/dV query tiles and dQ CTAs, whole
     # dK/dV CTAs and dQ key tiles.

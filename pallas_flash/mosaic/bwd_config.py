@@ -6,9 +6,9 @@ and a TMA producer; shared memory from `smem_bytes_*`, operands in registers):
 
 | head dim | dK/dV: key tiles, rows per Q tile, stages | dQ: query tiles, K/V tile keys, stages    |
 |----------|-------------------------------------------|-------------------------------------------|
-| 64       | 2 x 64, 128, 3: 137,304 (bound)           | 2 x 64, 128, 2: 102,480 (bound)           |
-| 128      | 2 x 64, 64, 2: 133,176 bytes              | 2 x 64, 64, 2: 133,200 bytes              |
-| 128, not causal | fused: 2 x 64, 64, 2: 217,208 (bound) | none: the fused kernel adds dQ itself  |
+| 64, causal | 2 x 64, 128, 3: 137,304 (bound)         | 2 x 64, 128, 2: 102,480 (bound)           |
+| 64, not causal | fused: 2 x 64, 128, 2: 201,848 (bound) | none: the fused kernel adds dQ |
+| 128      | fused: 2 x 64, 64, 2: 217,208 (bound)     | none: the fused kernel adds dQ itself     |
 | 192      | 1 x 64 (split, P^T handed over), 64, 2: 165,968 | 1 x 64, 64, 2: 149,576 bytes |
 | 256      | 1 x 64 (split, P^T handed over), 64, 2: 215,120 | 1 x 64, 64, 2: 198,728 bytes |
 
@@ -46,11 +46,14 @@ dim 256 keeps Q and dO of two warpgroups (128 KiB) plus a two-stage K/V ring (12
 over the 227 KiB budget, hence one warpgroup there.
 
 The fused backward (`fused=True`: one kernel, five matmuls, dQ added in a fixed order by
-mosaic/dq_adds.py) is the default at padded head dim 128 when the call is not causal, in
-FA3's order with its share whole and two writer warps (BWD_FUSED_FULL below has the
-evidence: 1.02-1.05x the pair from 2k, then 0.99-1.06x the share in halves); causal calls
-and the other head dims keep the pair. First compiled (77b90a9) it ran 0.64-0.69x the
-pair (head dim 128, non-causal, seq 512-4k, `fa-mosaic-fused-77b90a9.jsonl`). It adds to the
+mosaic/dq_adds.py) is the default at padded head dim 128, and at 64 when the call is not
+causal, in FA3's order with its share whole and two writer warps (BWD_FUSED_ROWS below
+has each row's evidence: at 128 non-causal 1.02-1.05x the pair from 2k, then 0.99-1.06x
+the share in halves; at 128 causal 1.00-1.07x the pair; at 64 non-causal 1.14-1.16x
+the pair); causal calls at 64 and the head dims above 128 keep the pair (at 64 with
+the table's 128-row, three-slot dK/dV tiles). First compiled (77b90a9) it ran
+0.64-0.69x the pair (head dim 128, non-causal, seq 512-4k,
+`fa-mosaic-fused-77b90a9.jsonl`). It adds to the
 dK/dV kernel one dS^T buffer (consumers x block_kv x block_q, 16 KiB at 2 x 64 x 64) and
 two float32 dQ-share slots (2 x block_q x head dim x 4, 64 KiB at 64 x 128): at head
 dim 128, 2 x 64-key tiles and 64-row query tiles with a two-stage ring, 217,208 bytes
@@ -328,7 +331,7 @@ class MosaicBwdConfig:
       bits. Checked in GPU interpret mode (the reference, the race detector) and
       lowered for sm_90 on CPU; compiled at 9651b8e, one writer's bits on the 11 of 25
       table rows that ran, and 1.02-1.05x the pair at head dim 128 non-causal, where
-      it is in the default since c8bc107 (BWD_FUSED_FULL below; docs/mosaic.md, "Two writer
+      it is in the default since c8bc107 (BWD_FUSED_ROWS below; docs/mosaic.md, "Two writer
       warps").
     held_zero: the backward kernels' fresh wgmma accumulators (S^T and dP^T, S and
       dP, the fused kernel's dQ share) start from one zero computed before their loops
@@ -535,6 +538,20 @@ class MosaicBwdConfig:
             barriers += 8 * 4
         return q_do + ring + staged + barriers + MOSAIC_OVERHEAD
 
+    def interpreted(self) -> MosaicBwdConfig:
+        """This config as GPU interpret mode runs it: the interpreter's wgmma reads
+        shared memory only, so every register operand is staged (and FA3's order, which
+        orders register-operand wgmmas, gives way to the plain one), and its
+        accumulators cannot be stored into (no held zeros). The same arithmetic."""
+        return dataclasses.replace(
+            self,
+            operands_in_registers=False,
+            fa3_order=False,
+            q_do_in_registers=False,
+            k_v_in_registers=False,
+            held_zero=False,
+        )
+
 
 # The backward default rows (head dims 64 and 128; 192-256 since 1ae1789) mask boundary
 # tiles from each query's key bounds (`MosaicBwdConfig.row_bound_mask`, where the mask
@@ -628,7 +645,7 @@ def fused_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
 # The fused backward (one kernel, dQ added in a fixed order) in FA3's step order with
 # per-step descriptors and its ordered adds in two writer warps, a slot each
 # (`fused_full_bwd_config`): the default of padded head dim 128 when the call is not
-# causal, since 9651b8e's runs (results/mosaic-9651b8e/; bf16, B x T = 16k, backward
+# causal since 9651b8e's runs (results/mosaic-9651b8e/; bf16, B x T = 16k, backward
 # TFLOP/s, against the pair in the same process), then with its dQ share in column
 # halves: non-causal 2k / 4k / 8k / 16k 427.5 / 457.7 / 473.6 / 475.8 against 406.9 /
 # 449.4 / 461.0 / 456.8 (1.05x / 1.02x / 1.03x / 1.04x; cuDNN 418.1 / 488.8 / 515.7 /
@@ -646,12 +663,33 @@ def fused_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
 # (test_gpu_fused_whole_share_changes_no_bit, results/mosaic-d044a97/
 # mosaic-tests-whole-share.log). For the H200, compiled here, it spills 132 / 220 bytes
 # (stored / loaded) to the halves' 24 / 100, and ptxas serializes no wgmma.
-BWD_FUSED_FULL = True
+# Causal, the same build (its share whole) since 7a9e602's runs, beside the pair in one
+# process on an H100 (the tool lent no H200; results/mosaic-7a9e602/
+# fa-mosaic-128-true-fused-whole.jsonl): 2k / 4k / 8k / 16k 358.4 / 406.6 / 471.6 / 477.9
+# against 347.9 / 406.8 / 441.7 / 468.5 (1.03x / 1.00x / 1.07x / 1.02x; cuDNN 328.7 /
+# 393.3 / 468.6 / 511.0; the rows' step, query_rows, 348.5 / 414.3 / 458.9 / 483.8). On
+# the H200 at 8k the halves had run level with the pair (450.7 against 447.8,
+# results/mosaic-f6435c2/fa-mosaic-128-true-fused.jsonl) and the whole share 1.06x the
+# halves non-causal. Compiled, the causal rows passed with the rest of the 11
+# (test_gpu_fused_whole_share_changes_no_bit).
+# Head dim 64 non-causal (padded: head dims up to 64), the same build (128-row query tiles, the
+# consumers splitting the share's rows, two slots) since 7a9e602's runs, its first
+# timing, on the same H100 (results/mosaic-7a9e602/fa-mosaic-64-fused.jsonl, impl
+# `$M/q_do_in_registers=false/fused=true/num_stages_dkv=2/fa3_order=true/
+# step_descriptors=true/writer_warp=true/split_writer=true`, which is this build): 2k /
+# 8k 414.0 / 457.9 against the pair's 362.2 / 396.4 (1.14x / 1.16x; cuDNN 353.6 /
+# 411.5). Causal it ran 271.8 / 328.1 against 303.3 / 371.4 (0.90x / 0.88x), so causal
+# calls at 64 keep the pair. Compiled, the reference's tolerance on the case table's 8
+# head-dim-64 rows (test_gpu_fused_split_writer_changes_no_bit, the same bits as one
+# writer; results/mosaic-7a9e602/mosaic-tests-fused64-full.log), then as the default
+# the regs row and bitwise-equal gradients (mosaic-tests-fused64-default.log).
+# (padded head dim, causal) of the rows whose default is this build:
+BWD_FUSED_ROWS = frozenset({(64, False), (128, False), (128, True)})
 BWD_SHARE_HALVES = False
 
 
 def fused_full_bwd_config(head_dim: int) -> MosaicBwdConfig:
-    """The fused build of BWD_FUSED_FULL at this head dim (128 at most, as
+    """The fused build of BWD_FUSED_ROWS at this head dim (128 at most, as
     fused_mosaic_bwd_config)."""
     return dataclasses.replace(
         fused_mosaic_bwd_config(head_dim),
@@ -665,16 +703,16 @@ def fused_full_bwd_config(head_dim: int) -> MosaicBwdConfig:
 
 def default_mosaic_bwd_config(head_dim: int, causal: bool) -> MosaicBwdConfig:
     """The backward default table's row for this head dim and causality (16-bit inputs
-    only): the fused kernel at padded head dim 128 without a causal mask
-    (BWD_FUSED_FULL), else the pair (pair_mosaic_bwd_config)."""
-    if BWD_FUSED_FULL and padded_head_dim(head_dim) == 128 and not causal:
+    only): the fused kernel at padded head dim 128, and at 64 without a causal mask
+    (BWD_FUSED_ROWS), else the pair (pair_mosaic_bwd_config)."""
+    if (padded_head_dim(head_dim), causal) in BWD_FUSED_ROWS:
         return fused_full_bwd_config(head_dim)
     return pair_mosaic_bwd_config(head_dim)
 
 
 def pair_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
     """The two-kernel backward's row for this head dim (a dK/dV kernel and a dQ kernel,
-    no atomics; 16-bit inputs only): the default but at head dim 128 non-causal."""
+    no atomics; 16-bit inputs only): the default at head dim 64 causal and above 128."""
     hp = padded_head_dim(head_dim)
     if hp == 64:
         # Sweep at 12-01 (B=2, T=S=8k, bf16): 128-row Q tiles through 3 slots in the

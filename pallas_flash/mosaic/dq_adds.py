@@ -44,7 +44,7 @@ emptied yet. (One dS^T buffer, two share slots: at head dim 128 that is what fit
 buffer is free again long before it is needed.)
 
 Two options change who adds when (docs/mosaic.md, "What the fused kernel's dQ costs"; the first
-off, the second in the fused default, config.BWD_FUSED_FULL). `rotated_adds`: the CTAs
+off, the second in the fused default, bwd_config.BWD_FUSED_ROWS). `rotated_adds`: the CTAs
 walk their query tiles upward and a tile's adds go in decreasing span order, or where no
 mask cuts the spans each CTA's walk is rotated by its index and the turns go round from
 the span that reached the tile first (`turn`), so that when the CTAs run at one pace
