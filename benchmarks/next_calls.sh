@@ -34,7 +34,15 @@ case $call in
     K="$K or test_gpu_takes_the_mosaic_forward_residuals) or test_gpu_fused_is_bitwise"
     MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=480 MOSAIC_TESTS_K="$K" \
       bash $G "$C" mosaic-tests ;;
-  3) # (G) the forward's head-dim-64 rows beside the three peers at 1k, 4k and 16k, so
+  3) # the backward's launch order (span_major: every head's first key span first)
+    # beside the default and cuDNN, at 4k and 16k, head dims 128 and 64, both ways.
+    FA_PASSES=bwd FA_SEQS=4096,16384 MOSAIC_FA_IMPLS=$M,$M/span_major=true,jax.nn:cudnn \
+      timeout 250 bash $G "$C" mosaic-fa:128:true mosaic-fa:128:false
+    keep fa-mosaic-128-span-major
+    FA_PASSES=bwd FA_SEQS=4096,16384 MOSAIC_FA_IMPLS=$M,$M/span_major=true,jax.nn:cudnn \
+      timeout 250 bash $G "$C" mosaic-fa:64:true mosaic-fa:64:false
+    keep fa-mosaic-64-span-major ;;
+  4) # (G) the forward's head-dim-64 rows beside the three peers at 1k, 4k and 16k, so
     # that the forward's table cells count them; the head-dim-64 causal backward at 4k
     # and 16k; the head-dim-128 non-causal default backward (the whole share since the
     # 43rd session) at 2k-16k; the persistent forward with early Q loads at head dim 64,
@@ -52,7 +60,7 @@ case $call in
       MOSAIC_FA_IMPLS=$M,$M/persistent=true,$M/persistent=true/early_q_load=true,jax.nn:cudnn,jax:mosaic_fa3 \
       timeout 150 bash $G "$C" mosaic-fa:64:true mosaic-fa:64:false
     keep fa-mosaic-64-early-q ;;
-  4) # the writer's hand-over patch on the default ("Two writer warps", item 5): applied
+  5) # the writer's hand-over patch on the default ("Two writer warps", item 5): applied
     # to this copy of the tree, timed, then its compiled tests; nothing runs without it.
     P=benchmarks/results/mosaic-3167827/hand-over.patch
     if patch -p1 --forward < $P && grep -q "not again" pallas_flash/mosaic/dq_adds.py; then
@@ -64,17 +72,17 @@ case $call in
       MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=300 MOSAIC_TESTS_K="$K" \
         bash $G "$C-hand-over" mosaic-tests
     else echo "next_calls: $P does not apply here" >&2; exit 1; fi ;;
-  5) # the Mosaic kernels on the masks suite (head dim 128, 8k), each mask's overhead;
+  6) # the Mosaic kernels on the masks suite (head dim 128, 8k), each mask's overhead;
     # then (H) probs_before_dp in the pair (FA3's order, the fused default's, has it
     # already) beside the pair and cuDNN.
     OURS_IMPLS=$M,jax.nn:cudnn BENCH_BUDGET=200 bash $G "$C" masks-ours:none,segments:4,padding
     FA_PASSES=bwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M/pair,$M/pair/probs_before_dp=true,jax.nn:cudnn \
       timeout 290 bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true mosaic-fa:128:true
     keep fa-mosaic-bwd-probs-before-dp ;;
-  6) # one bounded Nsight Compute profile of the default backward, head dim 128
+  7) # one bounded Nsight Compute profile of the default backward, head dim 128
     # non-causal 8k (the whole share since the 43rd session).
     PROFILE_KERNELS=pallas_flash_mosaic_bwd PROFILE_IMPLS=$M PROFILE_DETAILS=1 \
       PROFILE_SECTIONS=MemoryWorkloadAnalysis_Tables,WarpStateStats timeout 200 \
       bash $G "$C" profile-fa:128:8192:false ;;
-  *) echo "next_calls: no call $call (1 to 6)" >&2; exit 2 ;;
+  *) echo "next_calls: no call $call (1 to 7)" >&2; exit 2 ;;
 esac

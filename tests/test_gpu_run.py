@@ -241,7 +241,7 @@ def _option(line: str, flag: str) -> str | None:
 @pytest.fixture
 def next_calls(tmp_path):
     """Runs benchmarks/next_calls.sh COMMIT CALL with the stand-in python3, in a copy of
-    the files it reads or changes (call 4 patches dq_adds.py: never this tree's)."""
+    the files it reads or changes (call 5 patches dq_adds.py: never this tree's)."""
     tree = tmp_path / "tree"
     for rel in (
         "benchmarks/gpu_run.sh",
@@ -271,7 +271,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"1": 1, "2": 0, "3": 2, "4": 0, "5": 2, "6": 0}
+_CALL_VARIANTS = {"1": 1, "2": 0, "3": 1, "4": 2, "5": 0, "6": 2, "7": 0}
 
 
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
@@ -307,11 +307,11 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
     if call == "2":  # the defaults' reference and determinism tests, the fused kernel's
         assert _one(calls, "-m pytest -m gpu", "test_gpu_is_bitwise_deterministic")
         assert _one(calls, "-m pytest -m gpu", "test_gpu_fused_is_bitwise")
-    if call == "4":  # the patch applied to the copy, which the rest of the call ran on
+    if call == "5":  # the patch applied to the copy, which the rest of the call ran on
         assert "not again" in (tree / "pallas_flash/mosaic/dq_adds.py").read_text()
         assert _one(calls, "-m pytest -m gpu", "test_gpu_is_bitwise_deterministic")
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):
-    proc, calls, _ = next_calls("7")
-    assert proc.returncode == 2 and "no call 7" in proc.stderr and not calls
+    proc, calls, _ = next_calls("8")
+    assert proc.returncode == 2 and "no call 8" in proc.stderr and not calls

@@ -22,6 +22,7 @@ from pallas_flash.mosaic import backward as mosaic_backward
 from pallas_flash.mosaic import pipeline
 from pallas_flash.mosaic.bwd_config import (
     MosaicBwdConfig,
+    default_mosaic_bwd_config,
     fused_full_bwd_config,
     fused_mosaic_bwd_config,
     pair_mosaic_bwd_config,
@@ -189,6 +190,35 @@ def test_interpret_step_descriptors_change_no_bit(case, config):
     """`step_descriptors` addresses the same buffers (through an offset that is 0), so
     the gradients are the same bits."""
     _flag_changes_no_bit(case, config, "step_descriptors", True)
+
+
+# Two batch elements, two K/V heads (a GQA group of 2), 300 keys: 3 key spans of 128 per
+# (head, batch element), causal, so the spans walk different numbers of query tiles.
+SPAN_MAJOR_CASE = Case(2, 130, 300, 4, 2, 64, BF16, causal=True)
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize(
+    "case,config",
+    [
+        (SPAN_MAJOR_CASE, pair_mosaic_bwd_config(64)),  # the pair's dK/dV kernel
+        (SPAN_MAJOR_CASE, FUSED_ROWS),  # the fused kernel, its adds over 3 spans a head
+        (Case(2, 200, 300, 4, 2, 128, F16), FUSED),  # no mask: every span, every tile
+    ],
+    ids=["pair", "fused", "fused-no-mask"],
+)
+def test_interpret_span_major_changes_no_bit(case, config):
+    """`span_major` launches the same CTAs in another order (every (head, batch
+    element)'s first span first: here 2 x 2 of them, 3 spans each, so the order
+    differs); the fused kernel's adds keep their order, so the same bits."""
+    _flag_changes_no_bit(case, config, "span_major", True)
+
+
+def test_span_major_refuses_rotated_adds():
+    """rotated_adds' turns need a head's spans resident together, which span_major's
+    launch order does not give: a ValueError naming both, before anything is built."""
+    with pytest.raises(ValueError, match="rotated_adds .* not with span_major"):
+        dataclasses.replace(FUSED, rotated_adds=True, span_major=True)
 
 
 @pytest.mark.extended
@@ -550,6 +580,15 @@ def test_gpu_step_descriptors_change_no_bit(case, kernels):
     else:
         config = dataclasses.replace(fused_mosaic_bwd_config(case.head_dim), fa3_order=True)
     _flag_changes_no_bit(case, config, "step_descriptors", False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
+def test_gpu_span_major_changes_no_bit(case):
+    """span_major compiled on the default row (the fused kernel or the pair): the
+    same bits as the default's launch order, and the reference's tolerance."""
+    config = default_mosaic_bwd_config(case.head_dim, case.causal)
+    _flag_changes_no_bit(case, config, "span_major", False)
 
 
 @pytest.mark.gpu

@@ -278,10 +278,13 @@ def backward(
                 f"the GPU's {sm_count()} SMs: fewer keys, or rotated_adds=False"
             )
     # The launch order is the grid's last axis fastest: with rotated_adds a head's
-    # spans come one after another, else its spans of each batch element.
+    # spans come one after another, else its spans of each batch element; with
+    # span_major every (head, batch element)'s first span, then every second one.
     grid, grid_names = (K, spans, B), ("heads", "kv_tiles", "batch")
     if config.rotated_adds:
         grid, grid_names = (B, K, spans), ("batch", "heads", "kv_tiles")
+    elif config.span_major:
+        grid, grid_names = (spans, K, B), ("kv_tiles", "heads", "batch")
     out_type = [
         jax.ShapeDtypeStruct((B, s_pad, K, hp), k.dtype),
         jax.ShapeDtypeStruct((B, s_pad, K, hp), v.dtype),

@@ -320,6 +320,22 @@ class MosaicBwdConfig:
       that ran, and ran the backward at 0.96x / 0.94x the plain order at head dim 128 8k
       non-causal / causal (407.0 / 390.8 against 425.9 / 414.5 TFLOP/s, docs/mosaic.md, "Turns
       in arrival order"): off.
+    span_major: the dK/dV (or fused) kernel's grid launches the first key span of every
+      (head, batch element) before any second one, where the default launches a head's
+      spans one after another, head by head. The CTAs are the same, and the fused
+      kernel's adds keep their order (a span still waits on lower spans of its own
+      head, launched before it), so the same bits. Two effects: under a causal mask a
+      head's first spans walk the most query tiles, so the default launches the last
+      head's longest spans last, about one head's work before the end (a tail: at 16k
+      and 16 heads one span of 256 steps against about 2,000 steps an SM), which this
+      order puts first; in the fused kernel the spans resident together on the GPU are
+      a few of each head instead of one head's all, so the chains of dQ turns a step
+      waits on are a few spans long (without turns, wrong sums, the fused backward ran
+      1.07x / 1.13x at head dim 128 8k non-causal / causal; docs/mosaic.md, "What the
+      fused kernel's dQ costs"). Against it: a head's Q, dO and float32 dQ tiles are
+      shared in L2 by fewer resident CTAs. Checked in GPU interpret mode (the same
+      bits); not with rotated_adds (whose turns need a head's spans resident
+      together). Off; not yet timed.
     split_writer: fused, writer_warp: the ordered adds in two warps of the
       producer's warpgroup (two of its warps idled), one a writer slot, so the adds
       of one step wait for their turn and land while the next step's go out. One
@@ -390,6 +406,7 @@ class MosaicBwdConfig:
     chained_share: bool = False
     rotated_adds: bool = False
     split_writer: bool = False
+    span_major: bool = False
     held_zero: bool = True
     probs_before_dp: bool = False
 
@@ -462,6 +479,10 @@ class MosaicBwdConfig:
             )
         if self.rotated_adds and not self.fused:
             raise ValueError("rotated_adds orders the fused kernel's dQ adds: it needs fused=True")
+        if self.rotated_adds and self.span_major:
+            raise ValueError(
+                "rotated_adds needs a head's key spans launched together: not with span_major"
+            )
         if self.split_writer and not (self.writer_warp and not self.chained_share):
             raise ValueError(
                 "split_writer splits writer_warp's adds between two warps, a writer slot "
