@@ -506,7 +506,7 @@ def test_gpu_column_blocks_changes_no_bit(case):
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
 def test_gpu_held_zero_changes_no_bit(case):
     """held_zero compiled, in the default for the case (the pair, or the fused kernel at
-    head dim 128 non-causal): its fresh accumulators start from a zero held across the
+    head dim 128 and at 64 non-causal): its fresh accumulators start from a zero held across the
     loops rather than from run_scoped's, the same zeros, so the same gradients (ptxas
     then folds them; tests/test_deviceless.py checks that)."""
     config = default_mosaic_bwd_config(case.head_dim, case.causal)
