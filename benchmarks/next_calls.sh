@@ -35,13 +35,19 @@ case $call in
     MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=480 MOSAIC_TESTS_K="$K" \
       bash $G "$C" mosaic-tests ;;
   3) # the backward's launch order (span_major: every head's first key span first)
-    # beside the default and cuDNN, at 4k and 16k, head dims 128 and 64, both ways.
+    # beside the default and cuDNN, at 4k and 16k, head dims 128 and 64, both ways; at
+    # head dim 64 causal also the fused kernel with it (its chains of dQ turns shorter;
+    # without it 0.88-0.90x the pair there).
     FA_PASSES=bwd FA_SEQS=4096,16384 MOSAIC_FA_IMPLS=$M,$M/span_major=true,jax.nn:cudnn \
       timeout 250 bash $G "$C" mosaic-fa:128:true mosaic-fa:128:false
     keep fa-mosaic-128-span-major
+    FA_PASSES=bwd FA_SEQS=4096,16384 \
+      MOSAIC_FA_IMPLS=$M,$M/span_major=true,$M/fused/span_major=true,jax.nn:cudnn \
+      timeout 170 bash $G "$C" mosaic-fa:64:true
+    keep fa-mosaic-64-true-span-major
     FA_PASSES=bwd FA_SEQS=4096,16384 MOSAIC_FA_IMPLS=$M,$M/span_major=true,jax.nn:cudnn \
-      timeout 250 bash $G "$C" mosaic-fa:64:true mosaic-fa:64:false
-    keep fa-mosaic-64-span-major ;;
+      timeout 130 bash $G "$C" mosaic-fa:64:false
+    keep fa-mosaic-64-false-span-major ;;
   4) # (G) the forward's head-dim-64 rows beside the three peers at 1k, 4k and 16k, so
     # that the forward's table cells count them; the head-dim-64 causal backward at 4k
     # and 16k; the head-dim-128 non-causal default backward (the whole share since the
