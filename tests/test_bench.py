@@ -576,8 +576,10 @@ def test_mosaic_config_variants_are_named_by_their_fields(monkeypatch):
     seen.clear()  # a field both configs have is set in both
     impls.lookup("pallas_flash:mosaic/row_bound_mask=false").fn(q, q, q, causal=True)
     assert not seen["config"].row_bound_mask and not seen["backward_config"].row_bound_mask
-    seen.clear()  # the backward default at the call's causal flag (head dim 64: fused
-    q64 = q[..., :64]  # unless causal; 128: fused either way), and `pair` names the pair
+    # The backward default at the call's causal flag (head dim 64: fused unless causal;
+    # 128: fused either way), and `pair` names the pair there.
+    seen.clear()
+    q64 = q[..., :64]
     for causal in (False, True):
         impls.lookup("pallas_flash:mosaic/num_stages=2").fn(q64, q64, q64, causal=causal)
         assert seen["backward_config"] == bwd_config.default_mosaic_bwd_config(64, causal)
