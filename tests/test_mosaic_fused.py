@@ -192,33 +192,47 @@ def test_interpret_step_descriptors_change_no_bit(case, config):
     _flag_changes_no_bit(case, config, "step_descriptors", True)
 
 
-# Two batch elements, two K/V heads (a GQA group of 2), 300 keys: 3 key spans of 128 per
-# (head, batch element), causal, so the spans walk different numbers of query tiles.
-SPAN_MAJOR_CASE = Case(2, 130, 300, 4, 2, 64, BF16, causal=True)
+# Two batch elements, four K/V heads (GQA groups of 2), 300 keys: 3 key spans of 128 per
+# (head, batch element), causal, so the spans walk different numbers of query tiles; in
+# bands of 2 heads, two bands.
+SPAN_BAND_CASE = Case(2, 130, 300, 8, 4, 64, BF16, causal=True)
 
 
 @pytest.mark.extended
 @pytest.mark.parametrize(
-    "case,config",
+    "case,config,band",
     [
-        (SPAN_MAJOR_CASE, pair_mosaic_bwd_config(64)),  # the pair's dK/dV kernel
-        (SPAN_MAJOR_CASE, FUSED_ROWS),  # the fused kernel, its adds over 3 spans a head
-        (Case(2, 200, 300, 4, 2, 128, F16), FUSED),  # no mask: every span, every tile
+        (SPAN_BAND_CASE, pair_mosaic_bwd_config(64), 2),  # the pair's dK/dV kernel
+        (SPAN_BAND_CASE, FUSED_ROWS, 2),  # the fused kernel, its adds over 3 spans a head
+        # no mask, every span and tile; a band wider than the 2 heads: all at once
+        (Case(2, 200, 300, 4, 2, 128, F16), FUSED, 8),
     ],
-    ids=["pair", "fused", "fused-no-mask"],
+    ids=["pair", "fused", "fused-no-mask-all-heads"],
 )
-def test_interpret_span_major_changes_no_bit(case, config):
-    """`span_major` launches the same CTAs in another order (every (head, batch
-    element)'s first span first: here 2 x 2 of them, 3 spans each, so the order
-    differs); the fused kernel's adds keep their order, so the same bits."""
-    _flag_changes_no_bit(case, config, "span_major", True)
+def test_interpret_span_band_changes_no_bit(case, config, band):
+    """`span_band` launches the same CTAs in another order (a band's (head, batch
+    element) pairs' first span first: here 2 x 2 of them a band, 3 spans each, so the
+    order differs); the fused kernel's adds keep their order, so the same bits as the
+    plain order (a band of 1)."""
+    _flag_changes_no_bit(case, config, "span_band", True, values=(band, 1))
 
 
-def test_span_major_refuses_rotated_adds():
-    """rotated_adds' turns need a head's spans resident together, which span_major's
-    launch order does not give: a ValueError naming both, before anything is built."""
-    with pytest.raises(ValueError, match="rotated_adds .* not with span_major"):
-        dataclasses.replace(FUSED, rotated_adds=True, span_major=True)
+def test_span_band_heads_per_band():
+    """A band is whole: the largest divisor of the head count not above span_band."""
+    band = lambda n, heads: dataclasses.replace(FUSED, span_band=n).heads_per_band(heads)  # noqa: E731
+    assert [band(n, 16) for n in (1, 2, 3, 4, 5, 16, 64)] == [1, 2, 2, 4, 4, 16, 16]
+    assert [band(4, heads) for heads in (1, 2, 3, 6, 7)] == [1, 2, 3, 3, 1]
+
+
+def test_span_band_refuses_rotated_adds_and_zero():
+    """rotated_adds' turns need a head's spans resident together, which a band of more
+    than one head does not give; a band of no heads is no order: ValueErrors naming
+    them, before anything is built."""
+    with pytest.raises(ValueError, match="rotated_adds .* not with span_band=2"):
+        dataclasses.replace(FUSED, rotated_adds=True, span_band=2)
+    with pytest.raises(ValueError, match="span_band=0 must be >= 1"):
+        dataclasses.replace(FUSED, span_band=0)
+    assert dataclasses.replace(FUSED, rotated_adds=True, span_band=1).rotated_adds
 
 
 @pytest.mark.extended
@@ -584,11 +598,12 @@ def test_gpu_step_descriptors_change_no_bit(case, kernels):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
-def test_gpu_span_major_changes_no_bit(case):
-    """span_major compiled on the default row (the fused kernel or the pair): the
-    same bits as the default's launch order, and the reference's tolerance."""
+def test_gpu_span_band_changes_no_bit(case):
+    """span_band compiled on the default row (the fused kernel or the pair), in bands
+    of 2 heads (every head at once where there are 2 or fewer): the same bits as the
+    plain launch order, and the reference's tolerance."""
     config = default_mosaic_bwd_config(case.head_dim, case.causal)
-    _flag_changes_no_bit(case, config, "span_major", False)
+    _flag_changes_no_bit(case, config, "span_band", False, values=(2, 1))
 
 
 @pytest.mark.gpu

@@ -278,13 +278,17 @@ def backward(
                 f"the GPU's {sm_count()} SMs: fewer keys, or rotated_adds=False"
             )
     # The launch order is the grid's last axis fastest: with rotated_adds a head's
-    # spans come one after another, else its spans of each batch element; with
-    # span_major every (head, batch element)'s first span, then every second one.
+    # spans come one after another, else its spans of each batch element; in bands of
+    # span_band heads, every (head, batch element) of a band's first span, then every
+    # second one, then the next band (a grid of four axes: Mosaic folds the first two
+    # into one CUDA axis, the first slower).
+    band = config.heads_per_band(K)
     grid, grid_names = (K, spans, B), ("heads", "kv_tiles", "batch")
     if config.rotated_adds:
         grid, grid_names = (B, K, spans), ("batch", "heads", "kv_tiles")
-    elif config.span_major:
-        grid, grid_names = (spans, K, B), ("kv_tiles", "heads", "batch")
+    elif band > 1:
+        grid = (K // band, spans, band, B)
+        grid_names = ("head_bands", "kv_tiles", "band_heads", "batch")
     out_type = [
         jax.ShapeDtypeStruct((B, s_pad, K, hp), k.dtype),
         jax.ShapeDtypeStruct((B, s_pad, K, hp), v.dtype),
@@ -302,6 +306,7 @@ def backward(
             with_segs=with_segs,
             interpret=interpreted,
             semaphores=(B, N, num_q_tiles) if fused else None,
+            band=band,
         ),
         out_type=tuple(out_type),
         scratch_types=dict(

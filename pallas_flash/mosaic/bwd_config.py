@@ -320,22 +320,28 @@ class MosaicBwdConfig:
       that ran, and ran the backward at 0.96x / 0.94x the plain order at head dim 128 8k
       non-causal / causal (407.0 / 390.8 against 425.9 / 414.5 TFLOP/s, docs/mosaic.md, "Turns
       in arrival order"): off.
-    span_major: the dK/dV (or fused) kernel's grid launches the first key span of every
-      (head, batch element) before any second one, where the default launches a head's
-      spans one after another, head by head. The CTAs are the same, and the fused
-      kernel's adds keep their order (a span still waits on lower spans of its own
-      head, launched before it), so the same bits. Two effects: under a causal mask a
-      head's first spans walk the most query tiles, so the default launches the last
-      head's longest spans last, about one head's work before the end (a tail: at 16k
-      and 16 heads one span of 256 steps against about 2,000 steps an SM), which this
-      order puts first; in the fused kernel the spans resident together on the GPU are
-      a few of each head instead of one head's all, so the chains of dQ turns a step
-      waits on are a few spans long (without turns, wrong sums, the fused backward ran
-      1.07x / 1.13x at head dim 128 8k non-causal / causal; docs/mosaic.md, "What the
-      fused kernel's dQ costs"). Against it: a head's Q, dO and float32 dQ tiles are
-      shared in L2 by fewer resident CTAs. Checked in GPU interpret mode (the same
+    span_band: the dK/dV (or fused) kernel's launch order, in bands of this many
+      key/value heads (the largest divisor of the kernel's head count not above it):
+      a band's first key span of every (head, batch element), then every second
+      one, then the next band. 1 (the default) is the plain order, a head's spans
+      one after another, head by head; the head count (or more) launches every
+      head's first span before any second one (the 44th session's `span_major`). The
+      CTAs are the same, and the fused kernel's adds keep their order (a span still
+      waits on lower spans of its own head, launched before it), so the same bits.
+      Under a causal mask a head's first spans walk the most query tiles, so the
+      plain order launches the last head's longest spans last, about one head's work
+      before the end (at head dim 128, 16k and 16 heads a first span of 256 steps
+      against about 125 steps an SM of one head's work: a tail); in a band of n heads
+      the band's longest spans launch about n heads' work before the end. Against it:
+      a head's Q, dO (and the fused kernel's float32 dQ) are shared in L2 by the
+      resident CTAs of fewer spans, so a band wide enough to hold many (head, batch
+      element) pairs streams them from HBM (every head at once at 4k: 64 pairs, about
+      128 MB of them in flight against 50 MB of L2). Every head at once, on an H100 at c8a6ae2
+      (results/mosaic-c8a6ae2): 1.013x / 1.00x / 0.73x the plain order at head dim 128
+      causal 16k / 8k / 4k, and 0.995x / 0.92x / 0.93x at 64 (docs/mosaic.md, "Launch
+      order of the backward's key spans"). Checked in GPU interpret mode (the same
       bits); not with rotated_adds (whose turns need a head's spans resident
-      together). Off; not yet timed.
+      together). 1; bands of 2 and 4 not yet timed.
     split_writer: fused, writer_warp: the ordered adds in two warps of the
       producer's warpgroup (two of its warps idled), one a writer slot, so the adds
       of one step wait for their turn and land while the next step's go out. One
@@ -406,7 +412,7 @@ class MosaicBwdConfig:
     chained_share: bool = False
     rotated_adds: bool = False
     split_writer: bool = False
-    span_major: bool = False
+    span_band: int = 1
     held_zero: bool = True
     probs_before_dp: bool = False
 
@@ -479,9 +485,12 @@ class MosaicBwdConfig:
             )
         if self.rotated_adds and not self.fused:
             raise ValueError("rotated_adds orders the fused kernel's dQ adds: it needs fused=True")
-        if self.rotated_adds and self.span_major:
+        if self.span_band < 1:
+            raise ValueError(f"span_band={self.span_band} must be >= 1 (heads per band)")
+        if self.rotated_adds and self.span_band != 1:
             raise ValueError(
-                "rotated_adds needs a head's key spans launched together: not with span_major"
+                "rotated_adds needs a head's key spans launched together: not with "
+                f"span_band={self.span_band}, only 1"
             )
         if self.split_writer and not (self.writer_warp and not self.chained_share):
             raise ValueError(
@@ -558,6 +567,12 @@ class MosaicBwdConfig:
             staged = bq * bk * (4 + itemsize)
             barriers += 8 * 4
         return q_do + ring + staged + barriers + MOSAIC_OVERHEAD
+
+    def heads_per_band(self, kv_heads: int) -> int:
+        """The heads of one span_band band for a kernel of `kv_heads` key/value heads:
+        the largest divisor of `kv_heads` not above span_band, so that every band is
+        whole."""
+        return max(d for d in range(1, min(self.span_band, kv_heads) + 1) if kv_heads % d == 0)
 
     def interpreted(self) -> MosaicBwdConfig:
         """This config as GPU interpret mode runs it: the interpreter's wgmma reads

@@ -71,6 +71,7 @@ def dkdv_kernel(
     with_segs: bool,
     interpret: bool,
     semaphores: tuple[int, ...] | None,
+    band: int,
 ):
     # After the nine inputs above: the segment ids ([B, T], [B, S]) when given, the
     # fused kernel's order tables, then the outputs dK, dV (and the float32 dQ).
@@ -83,7 +84,10 @@ def dkdv_kernel(
     consumers, tiles = config.consumers_dkv, config.key_tiles_dkv
     dtype = q_smem.dtype
     b = lax.axis_index("batch")
-    kv_head = lax.axis_index("heads")
+    if band > 1:  # span_band's grid (backward.py)
+        kv_head = lax.axis_index("head_bands") * band + lax.axis_index("band_heads")
+    else:
+        kv_head = lax.axis_index("heads")
     span = lax.axis_index("kv_tiles")  # with dkdv_q_multicast, a cluster of two spans
     wg = lax.axis_index("wg")
     # The query tiles this CTA walks: its own key span's, or its cluster's (both spans').
