@@ -329,19 +329,21 @@ class MosaicBwdConfig:
       CTAs are the same, and the fused kernel's adds keep their order (a span still
       waits on lower spans of its own head, launched before it), so the same bits.
       Under a causal mask a head's first spans walk the most query tiles, so the
-      plain order launches the last head's longest spans last, about one head's work
-      before the end (at head dim 128, 16k and 16 heads a first span of 256 steps
-      against about 125 steps an SM of one head's work: a tail); in a band of n heads
-      the band's longest spans launch about n heads' work before the end. Against it:
-      a head's Q, dO (and the fused kernel's float32 dQ) are shared in L2 by the
-      resident CTAs of fewer spans, so a band wide enough to hold many (head, batch
-      element) pairs streams them from HBM (every head at once at 4k: 64 pairs, about
-      128 MB of them in flight against 50 MB of L2). Every head at once, on an H100 at c8a6ae2
-      (results/mosaic-c8a6ae2): 1.013x / 1.00x / 0.73x the plain order at head dim 128
-      causal 16k / 8k / 4k, and 0.995x / 0.92x / 0.93x at 64 (docs/mosaic.md, "Launch
-      order of the backward's key spans"). Checked in GPU interpret mode (the same
-      bits); not with rotated_adds (whose turns need a head's spans resident
-      together). 1; bands of 2 and 4 not yet timed.
+      plain order launches the last head's longest spans last; but the CTAs before
+      them are still running too, and the launch model (benchmarks/launch_sim.py)
+      puts the tail this leaves at 0.5 % at head dim 128 16k (fill 0.995; in bands
+      of 2, 0.998), so a band's case rests on the fused kernel's chains of dQ turns
+      (a few spans of each of a band's heads resident, not all of one head's).
+      Against it: a head's Q, dO (and the fused kernel's float32 dQ) are shared in
+      L2 by the resident CTAs of fewer spans, so a band wide enough to hold many
+      (head, batch element) pairs streams them from HBM (every head at once at 4k:
+      64 pairs, about 128 MB of them in flight against 50 MB of L2). Every head at
+      once, on an H100 at c8a6ae2 (results/mosaic-c8a6ae2): 1.013x / 1.00x / 0.73x
+      the plain order at head dim 128 causal 16k / 8k / 4k, and 0.995x / 0.92x /
+      0.93x at 64 (docs/mosaic.md, "Launch order of the backward's key spans").
+      Checked in GPU interpret mode (the same bits); not with rotated_adds (whose
+      turns need a head's spans resident together). 1; bands of 2 and 4 not yet
+      timed.
     split_writer: fused, writer_warp: the ordered adds in two warps of the
       producer's warpgroup (two of its warps idled), one a writer slot, so the adds
       of one step wait for their turn and land while the next step's go out. One

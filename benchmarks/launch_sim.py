@@ -1,0 +1,159 @@
+"""How evenly the Mosaic kernels' CTAs fill the GPU's SMs: a model of the launch.
+
+    python -m benchmarks.launch_sim                      # the fa grid at head dims 64, 128
+    python -m benchmarks.launch_sim --head-dims 128 --causal true --span-band 1,2,16
+
+Each CTA costs the steps it walks (key tiles in the forward and the dQ kernel, query
+tiles of each head of its group in the dK/dV or fused kernel) plus a fixed cost of
+`cta_steps`; one CTA fills an SM (the kernels take an SM's registers); CTAs go to SMs as
+they free, in launch order (the grid's last axis fastest), and a persistent grid's CTA
+walks the items `pipeline.persistent_item` gives it. The fill is the work over SMs x the
+time to the last CTA's end: 1 when every SM is busy to the end. The model leaves out
+what sets a step's time (bandwidth, L2, a step's waits), so it says what the count and
+the order of the CTAs cost, nothing else: the waves of equal CTAs (2048 on 132 SMs fill
+15.5 of 16 waves, 0.970) and the tail of a causal grid. No GPU; no JAX tracing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import heapq
+
+from pallas_flash.mosaic import bwd_config, pipeline
+from pallas_flash.mosaic import config as fwd_config
+
+H100_SMS = 132  # the H100 SXM's and the H200's SM count
+
+
+def fill(costs, sms: int = H100_SMS) -> tuple[float, float]:
+    """(work, time to the end) of CTAs of these costs, in launch order, each taking the
+    SM that frees first."""
+    free = [0.0] * min(sms, max(len(costs), 1))
+    end = 0.0
+    for cost in costs:
+        start = heapq.heappop(free)
+        end = max(end, start + cost)
+        heapq.heappush(free, start + cost)
+    return float(sum(costs)), end
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def causal_key_tiles(first_row: int, rows: int, block_kv: int, s: int, causal: bool) -> int:
+    """Key tiles of `block_kv` a block of `rows` query rows from `first_row` walks (T = S,
+    the causal mask top-left)."""
+    if not causal:
+        return _ceil(s, block_kv)
+    return min(_ceil(first_row + rows, block_kv), _ceil(s, block_kv))
+
+
+def forward_costs(config, t: int, b: int, n: int, causal: bool, cta_steps: float):
+    """The forward's CTAs' costs in launch order, or, persistent, each CTA's summed items
+    (`fwd_kernel.item_at`: causal items bottom query tiles first, tile-major when
+    persistent; else one (batch, head)'s tiles together)."""
+    if config.kv_multicast:
+        raise ValueError("kv_multicast's clusters are not modelled")
+    rows = config.consumers * config.block_q
+    tiles = _ceil(t, rows)
+    cost = lambda tile: causal_key_tiles(tile * rows, rows, config.block_kv, t, causal)  # noqa: E731
+    if not config.persistent:  # grid (heads, q_tiles, batch), the bottom tiles first
+        order = [tiles - 1 - q if causal else q for q in range(tiles)]
+        return [cost(q) + cta_steps for _ in range(n) for q in order for _ in range(b)]
+    items = n * tiles * b
+    ctas = min(items, H100_SMS)
+    per_cta = [0.0] * ctas
+    for cta in range(ctas):
+        i = 0
+        while (w := int(pipeline.persistent_item(cta, i, ctas, snake=causal))) < items:
+            # causal: tile-major from the bottom; else a (batch, head)'s tiles together
+            q = tiles - 1 - w // (n * b) if causal else w % tiles
+            per_cta[cta] += cost(q) + cta_steps
+            i += 1
+    return per_cta
+
+
+def span_order(kv_heads: int, spans: int, b: int, band: int):
+    """(key/value head, key span, batch element) in the dK/dV (fused) grid's launch order
+    (`backward.py`): in bands of `band` heads, each band's first spans, then its second
+    ones; a band of 1 is head by head."""
+    return [
+        (g * band + hh, span, e)
+        for g in range(kv_heads // band)
+        for span in range(spans)
+        for hh in range(band)
+        for e in range(b)
+    ]
+
+
+def backward_costs(config, t: int, b: int, n: int, k: int, causal: bool, cta_steps: float):
+    """[(kernel, its CTAs' costs in launch order)]: the fused kernel, or the pair's dK/dV
+    kernel then its dQ kernel (one after the other)."""
+    if config.rotated_adds or config.dkdv_q_multicast or config.dq_kv_multicast:
+        raise ValueError("rotated_adds' and the multicasts' grids are not modelled")
+    keys = config.key_tiles_dkv * config.block_kv_dkv
+    bq = config.block_q_dkv
+    q_tiles, spans = _ceil(t, bq), _ceil(t, keys)
+
+    def span_cost(span):  # the query tiles at or below the span's first key, each head
+        lo = span * keys // bq if causal else 0
+        return (q_tiles - lo) * (n // k) + cta_steps
+
+    order = span_order(k, spans, b, config.heads_per_band(k))
+    out = [("fused" if config.fused else "dkdv", [span_cost(s) for _, s, _ in order])]
+    if not config.fused:
+        rows = (1 if config.split_dq else config.consumers_dq) * config.block_q_dq
+        tiles = _ceil(t, rows)
+        order = [tiles - 1 - q if causal else q for q in range(tiles)]  # longest first
+        costs = [
+            causal_key_tiles(q * rows, rows, config.block_kv_dq, t, causal) + cta_steps
+            for _ in range(n)
+            for q in order
+            for _ in range(b)
+        ]
+        out.append(("dq", costs))
+    return out
+
+
+def report(head_dim: int, seq: int, causal: bool, bands, cta_steps: float) -> str:
+    """One line of the fa grid's shape (16k tokens a batch, 2048 // head_dim heads):
+    the forward's CTAs (or items) and fill, and the backward's in bands of each of
+    `bands` heads (`MosaicBwdConfig.span_band`)."""
+    b, n = 16384 // seq, 2048 // head_dim
+    fwd = fwd_config.default_mosaic_config(head_dim, seq, causal)
+    costs = forward_costs(fwd, seq, b, n, causal, cta_steps)
+    work, end = fill(costs) if not fwd.persistent else (sum(costs), max(costs))
+    units = "items on 132 CTAs" if fwd.persistent else "CTAs"
+    items = n * _ceil(seq, fwd.consumers * fwd.block_q) * b
+    line = f"h{head_dim} {'causal' if causal else 'full  '} {seq:>5}: fwd {items} {units} "
+    line += f"fill {work / (H100_SMS * end):.3f}"
+    bwd = bwd_config.default_mosaic_bwd_config(head_dim, causal)
+    for band in bands:
+        config = dataclasses.replace(bwd, span_band=band)
+        parts = backward_costs(config, seq, b, n, n, causal, cta_steps)
+        ends = [fill(c) for _, c in parts]
+        total = sum(w for w, _ in ends) / (H100_SMS * sum(e for _, e in ends))
+        names = "+".join(f"{name} {len(c)}" for name, c in parts)
+        line += f" | bwd band {band}: {names} CTAs fill {total:.3f}"
+    return line
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--head-dims", default="64,128")
+    parser.add_argument("--causal", default="false,true")
+    parser.add_argument("--seqs", default="1024,2048,4096,8192,16384")
+    parser.add_argument("--span-band", default="1", help="the backward's bands of heads")
+    parser.add_argument("--cta-steps", type=float, default=2.0, help="a CTA's fixed cost")
+    args = parser.parse_args(argv)
+    for h in (int(x) for x in args.head_dims.split(",")):
+        for causal in (c == "true" for c in args.causal.split(",")):
+            for seq in (int(x) for x in args.seqs.split(",")):
+                bands = [int(x) for x in args.span_band.split(",")]
+                print(report(h, seq, causal, bands, args.cta_steps))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""benchmarks.launch_sim: the launch model's fill on shapes whose answer is known by hand,
+and its grid orders against the kernels' own."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from benchmarks import launch_sim
+from pallas_flash.mosaic import bwd_config
+from pallas_flash.mosaic import config as fwd_config
+
+
+def test_equal_ctas_fill_whole_waves_only():
+    """2048 equal CTAs on 132 SMs: 15 full waves and one of 68, so 15.52 of 16 waves."""
+    work, end = launch_sim.fill([1.0] * 2048)
+    assert (work, end) == (2048.0, 16.0)
+    assert launch_sim.fill([1.0] * 132 * 3) == (396.0, 3.0)
+    assert launch_sim.fill([5.0, 1.0, 1.0], sms=2) == (7.0, 5.0)  # the long one is the end
+
+
+def test_longest_first_fills_better_than_shortest_first():
+    """A causal grid's costs longest first (as every Mosaic kernel launches them) end
+    sooner than the same costs shortest first, whose last CTA is the longest."""
+    costs = [float(c) for c in range(1, 257)] * 16
+    longest_first = sorted(costs, reverse=True)
+    assert launch_sim.fill(longest_first)[1] < launch_sim.fill(sorted(costs))[1]
+    work, end = launch_sim.fill(longest_first)
+    assert work / (132 * end) > 0.99
+
+
+def test_span_order_is_the_grid_order():
+    """Bands of 1 are head by head (grid (heads, spans, batch)); a band of every head is
+    span-major (grid (spans, heads, batch)); every (head, span, batch element) once."""
+    k, spans, b = 4, 3, 2
+    plain = [(h, s, e) for h in range(k) for s in range(spans) for e in range(b)]
+    major = [(h, s, e) for s in range(spans) for h in range(k) for e in range(b)]
+    assert launch_sim.span_order(k, spans, b, 1) == plain
+    assert launch_sim.span_order(k, spans, b, k) == major
+    banded = launch_sim.span_order(k, spans, b, 2)
+    assert sorted(banded) == sorted(plain) and banded[:4] == [
+        (0, 0, 0),
+        (0, 0, 1),
+        (1, 0, 0),
+        (1, 0, 1),
+    ]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_full_grids_lose_the_last_wave(head_dim):
+    """Without a mask every CTA (or persistent item) costs the same, so both passes of
+    the fa grid fill 2048 (or 4096) / (132 x 16 or 32): 0.970 at every length."""
+    for seq in (2048, 16384):
+        line = launch_sim.report(head_dim, seq, False, [1], cta_steps=2.0)
+        assert line.count("fill 0.970") == 2, line
+
+
+def test_backward_costs_follow_the_causal_ranges():
+    """The fused kernel's span s walks the query tiles from its first key down, each
+    head of its group; the pair's dQ kernel its key tiles up to its last row."""
+    fused = bwd_config.fused_full_bwd_config(128)
+    ((name, costs),) = launch_sim.backward_costs(fused, 1024, 1, 4, 2, True, cta_steps=0)
+    keys, bq = fused.key_tiles_dkv * fused.block_kv_dkv, fused.block_q_dkv
+    assert name == "fused" and len(costs) == 2 * (1024 // keys)
+    assert costs[0] == (1024 // bq) * 2  # span 0 of head 0: every tile, 2 heads a group
+    assert costs[-1] == (1024 - (1024 // keys - 1) * keys) // bq * 2
+    pair = bwd_config.pair_mosaic_bwd_config(64)
+    parts = dict(launch_sim.backward_costs(pair, 1024, 1, 1, 1, True, cta_steps=0))
+    rows = pair.consumers_dq * pair.block_q_dq
+    assert parts["dq"][0] == 1024 // pair.block_kv_dq  # the bottom rows first: every key tile
+    assert parts["dq"][-1] == -(-rows // pair.block_kv_dq)
+    with pytest.raises(ValueError, match="not modelled"):
+        launch_sim.backward_costs(
+            dataclasses.replace(fused, rotated_adds=True), 1024, 1, 1, 1, True, 0
+        )
+
+
+def test_persistent_forward_walks_every_item_once():
+    """A persistent grid's CTAs sum the items pipeline.persistent_item gives them: all of
+    them, each once (here 2048 equal items: 15 or 16 a CTA)."""
+    config = fwd_config.default_mosaic_config(128, 8192, False)
+    assert config.persistent
+    per_cta = launch_sim.forward_costs(config, 8192, 2, 16, False, cta_steps=0)
+    tiles = 8192 // config.block_kv
+    assert len(per_cta) == 132 and sum(per_cta) == 2048 * tiles
+    assert {c / tiles for c in per_cta} == {15.0, 16.0}
