@@ -469,6 +469,12 @@ def main(argv=None):
         help="comma-separated query lengths to keep, e.g. 16384 (default: all)",
     )
     parser.add_argument(
+        "--heads",
+        default=None,
+        help="comma-separated head counts: each kept shape once per count, its heads and "
+        "key/value heads replaced (a probe of the launch's waves, benchmarks/launch_sim.py)",
+    )
+    parser.add_argument(
         "--causal",
         choices=("true", "false"),
         default=None,
@@ -531,6 +537,11 @@ def main(argv=None):
     if args.seqs:
         keep = {int(t) for t in args.seqs.split(",")}
         shapes = tuple(s for s in shapes if s.seq_q in keep)
+    if args.heads:
+        counts = [int(n) for n in args.heads.split(",")]
+        if min(counts) < 1:
+            parser.error(f"--heads {args.heads!r}: each must be a count of 1 or more")
+        shapes = tuple(s.replace(heads=n, kv_heads=n) for s in shapes for n in counts)
     if not shapes:
         parser.error(f"no {args.suite} shape is left by the filters given")
     passes = tuple(suite.passes)

@@ -117,17 +117,20 @@ def backward_costs(config, t: int, b: int, n: int, k: int, causal: bool, cta_ste
     return out
 
 
-def report(head_dim: int, seq: int, causal: bool, bands, cta_steps: float) -> str:
-    """One line of the fa grid's shape (16k tokens a batch, 2048 // head_dim heads):
+def report(
+    head_dim: int, seq: int, causal: bool, bands, cta_steps: float, heads: int | None = None
+) -> str:
+    """One line of the fa grid's shape (16k tokens a batch, 2048 // head_dim heads, or
+    `heads`):
     the forward's CTAs (or items) and fill, and the backward's in bands of each of
     `bands` heads (`MosaicBwdConfig.span_band`)."""
-    b, n = 16384 // seq, 2048 // head_dim
+    b, n = 16384 // seq, heads or 2048 // head_dim
     fwd = fwd_config.default_mosaic_config(head_dim, seq, causal)
     costs = forward_costs(fwd, seq, b, n, causal, cta_steps)
     work, end = fill(costs) if not fwd.persistent else (sum(costs), max(costs))
     units = "items on 132 CTAs" if fwd.persistent else "CTAs"
     items = n * _ceil(seq, fwd.consumers * fwd.block_q) * b
-    line = f"h{head_dim} {'causal' if causal else 'full  '} {seq:>5}: fwd {items} {units} "
+    line = f"h{head_dim} n{n} {'causal' if causal else 'full  '} {seq:>5}: fwd {items} {units} "
     line += f"fill {work / (H100_SMS * end):.3f}"
     bwd = bwd_config.default_mosaic_bwd_config(head_dim, causal)
     for band in bands:
@@ -147,12 +150,14 @@ def main(argv=None):
     parser.add_argument("--seqs", default="1024,2048,4096,8192,16384")
     parser.add_argument("--span-band", default="1", help="the backward's bands of heads")
     parser.add_argument("--cta-steps", type=float, default=2.0, help="a CTA's fixed cost")
+    parser.add_argument("--heads", default="", help="head counts (default: the grid's)")
     args = parser.parse_args(argv)
     for h in (int(x) for x in args.head_dims.split(",")):
         for causal in (c == "true" for c in args.causal.split(",")):
             for seq in (int(x) for x in args.seqs.split(",")):
                 bands = [int(x) for x in args.span_band.split(",")]
-                print(report(h, seq, causal, bands, args.cta_steps))
+                for n in [int(x) for x in args.heads.split(",") if x] or [None]:
+                    print(report(h, seq, causal, bands, args.cta_steps, n))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,18 @@ case $call in
     FA_PASSES=bwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,$M/pair,jax.nn:cudnn \
       timeout 270 bash $G "$C" mosaic-fa:128:true
     keep fa-mosaic-128-true-fused-default ;;
-  2) # the backward's launch order in bands of heads (span_band: a band's first key
+  2) # the launch's waves (benchmarks/launch_sim.py): every non-causal grid point has
+    # 2048 or 4096 equal CTAs (or persistent items), 15.5 or 31.03 waves on 132 SMs, a
+    # fill of 0.970 by the model; with 33 heads instead of 32 the items are 4224, 32
+    # whole waves, 1.000. Both passes, 8k non-causal, head dims 128 and 64, ours and
+    # cuDNN at 32 and 33 heads. Prediction: ours 1.02-1.03x the TFLOP/s at 33 heads.
+    FA_PASSES=fwd,bwd FA_SEQS=8192 FA_HEADS=32,33 MOSAIC_FA_IMPLS=$M,jax.nn:cudnn \
+      timeout 170 bash $G "$C" mosaic-fa:128:false
+    keep fa-mosaic-128-false-waves
+    FA_PASSES=fwd,bwd FA_SEQS=8192 FA_HEADS=32,33 MOSAIC_FA_IMPLS=$M,jax.nn:cudnn \
+      timeout 150 bash $G "$C" mosaic-fa:64:false
+    keep fa-mosaic-64-false-waves ;;
+  3) # the backward's launch order in bands of heads (span_band: a band's first key
     # spans first, then its second ones, then the next band) beside the plain order and
     # cuDNN at head dims 128 and 64 causal, 4k-16k: every head at once ran 1.013x at 128
     # 16k and lost at 4k-8k on an H100 at c8a6ae2 (its float32 dQ tiles no longer in L2);
@@ -42,7 +53,7 @@ case $call in
       MOSAIC_FA_IMPLS=$M,$M/span_band=4,$M/fused,$M/fused/span_band=2,$M/fused/span_band=4,jax.nn:cudnn \
       timeout 300 bash $G "$C" mosaic-fa:64:true
     keep fa-mosaic-64-true-span-band ;;
-  3) # span_band's compiled bits (bands of 2) on every case-table row up to head dim 128
+  4) # span_band's compiled bits (bands of 2) on every case-table row up to head dim 128
     # as the default rows run them; the defaults' bitwise determinism at head dims 64-256
     # both ways and the fused kernel's ten-call determinism test (the defaults' reference
     # rows passed on an H100 at c8a6ae2: results/mosaic-c8a6ae2/mosaic-tests-defaults-*).
@@ -50,7 +61,7 @@ case $call in
     K="$K or (test_mosaic_backward and test_gpu_is_bitwise_deterministic)"
     MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=500 MOSAIC_TESTS_K="$K" \
       bash $G "$C" mosaic-tests ;;
-  4) # (G) the forward's head-dim-64 rows beside the three peers at 1k, 4k and 16k, so
+  5) # (G) the forward's head-dim-64 rows beside the three peers at 1k, 4k and 16k, so
     # that the forward's table cells count them; the head-dim-64 causal backward at 4k
     # and 16k; the head-dim-128 non-causal default backward (the whole share since the
     # 43rd session) at 2k-16k; the persistent forward with early Q loads at head dim 64,
@@ -68,7 +79,7 @@ case $call in
       MOSAIC_FA_IMPLS=$M,$M/persistent=true,$M/persistent=true/early_q_load=true,jax.nn:cudnn,jax:mosaic_fa3 \
       timeout 150 bash $G "$C" mosaic-fa:64:true mosaic-fa:64:false
     keep fa-mosaic-64-early-q ;;
-  5) # the writer's hand-over patch on the default ("Two writer warps", item 5): applied
+  6) # the writer's hand-over patch on the default ("Two writer warps", item 5): applied
     # to this copy of the tree, timed, then its compiled tests; nothing runs without it.
     P=benchmarks/results/mosaic-3167827/hand-over.patch
     if patch -p1 --forward < $P && grep -q "not again" pallas_flash/mosaic/dq_adds.py; then
@@ -80,17 +91,17 @@ case $call in
       MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=300 MOSAIC_TESTS_K="$K" \
         bash $G "$C-hand-over" mosaic-tests
     else echo "next_calls: $P does not apply here" >&2; exit 1; fi ;;
-  6) # the Mosaic kernels on the masks suite (head dim 128, 8k), each mask's overhead;
+  7) # the Mosaic kernels on the masks suite (head dim 128, 8k), each mask's overhead;
     # then (H) probs_before_dp in the pair (FA3's order, the fused default's, has it
     # already) beside the pair and cuDNN.
     OURS_IMPLS=$M,jax.nn:cudnn BENCH_BUDGET=200 bash $G "$C" masks-ours:none,segments:4,padding
     FA_PASSES=bwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M/pair,$M/pair/probs_before_dp=true,jax.nn:cudnn \
       timeout 290 bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true mosaic-fa:128:true
     keep fa-mosaic-bwd-probs-before-dp ;;
-  7) # one bounded Nsight Compute profile of the default backward, head dim 128
+  8) # one bounded Nsight Compute profile of the default backward, head dim 128
     # non-causal 8k (the whole share since the 43rd session).
     PROFILE_KERNELS=pallas_flash_mosaic_bwd PROFILE_IMPLS=$M PROFILE_DETAILS=1 \
       PROFILE_SECTIONS=MemoryWorkloadAnalysis_Tables,WarpStateStats timeout 200 \
       bash $G "$C" profile-fa:128:8192:false ;;
-  *) echo "next_calls: no call $call (1 to 7)" >&2; exit 2 ;;
+  *) echo "next_calls: no call $call (1 to 8)" >&2; exit 2 ;;
 esac

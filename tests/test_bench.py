@@ -454,6 +454,23 @@ def test_seqs_keep_only_those_query_lengths(tmp_path, capsys):
     assert "no fa shape is left" in capsys.readouterr().err
 
 
+def test_heads_replace_the_head_counts_and_render_passes_them_over(tmp_path, capsys):
+    """--heads runs each kept shape once per head count (a probe of the launch's waves);
+    the tables' loader passes over fa rows off the grid's head count, so a probe never
+    takes a grid point's cell; a count below 1 is an error naming the flag."""
+    out = tmp_path / "fa.jsonl"
+    argv = ["--suite", "fa", "--tiny", "--impls", "pallas_flash:xla_blockwise", "--out", str(out)]
+    assert bench.main([*argv, "--seqs", "40", "--passes", "fwd", "--heads", "3,5"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted({(r["heads"], r["kv_heads"]) for r in rows}) == [(3, 3), (5, 5)]
+    grid = dict(rows[0], heads=2048 // rows[0]["head_dim"], suite="fa")
+    (tmp_path / "grid.jsonl").write_text(json.dumps(grid) + "\n")
+    assert render.load([out, tmp_path / "grid.jsonl"]) == [grid]
+    with pytest.raises(SystemExit):
+        bench.main([*argv, "--heads", "0"])
+    assert "--heads '0'" in capsys.readouterr().err
+
+
 def test_passes_keep_only_those_passes(tmp_path, capsys, monkeypatch):
     """--passes fwd times the forward alone: one row a shape, and the fwd+bwd call is
     never built (a forward-only variant's backward costs device time and says nothing);
