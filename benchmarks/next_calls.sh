@@ -31,12 +31,16 @@ case $call in
     # 2048 or 4096 equal CTAs (or persistent items), 15.5 or 31.03 waves on 132 SMs, a
     # fill of 0.970 by the model; with 33 heads instead of 32 the items are 4224, 32
     # whole waves, 1.000. Both passes, 8k non-causal, head dims 128 and 64, ours and
-    # cuDNN at 32 and 33 heads. Prediction: ours 1.02-1.03x the TFLOP/s at 33 heads.
-    FA_PASSES=fwd,bwd FA_SEQS=8192 FA_HEADS=32,33 MOSAIC_FA_IMPLS=$M,jax.nn:cudnn \
-      timeout 170 bash $G "$C" mosaic-fa:128:false
+    # cuDNN at 32 and 33 heads, and the forward with its last round split by keys
+    # (split_tail). Prediction: ours 1.02-1.03x the TFLOP/s at 33 heads; split_tail
+    # 1.01-1.03x the forward at 32 heads and the same at 33 (no last round to split).
+    FA_PASSES=fwd,bwd FA_SEQS=8192 FA_HEADS=32,33 \
+      MOSAIC_FA_IMPLS=$M,$M/split_tail=true,jax.nn:cudnn \
+      timeout 230 bash $G "$C" mosaic-fa:128:false
     keep fa-mosaic-128-false-waves
-    FA_PASSES=fwd,bwd FA_SEQS=8192 FA_HEADS=32,33 MOSAIC_FA_IMPLS=$M,jax.nn:cudnn \
-      timeout 150 bash $G "$C" mosaic-fa:64:false
+    FA_PASSES=fwd,bwd FA_SEQS=8192 FA_HEADS=32,33 \
+      MOSAIC_FA_IMPLS=$M,$M/split_tail=true,jax.nn:cudnn \
+      timeout 210 bash $G "$C" mosaic-fa:64:false
     keep fa-mosaic-64-false-waves ;;
   3) # the backward's launch order in bands of heads (span_band: a band's first key
     # spans first, then its second ones, then the next band) beside the plain order and
@@ -54,10 +58,11 @@ case $call in
       timeout 300 bash $G "$C" mosaic-fa:64:true
     keep fa-mosaic-64-true-span-band ;;
   4) # span_band's compiled bits (bands of 2) on every case-table row up to head dim 128
-    # as the default rows run them; the defaults' bitwise determinism at head dims 64-256
-    # both ways and the fused kernel's ten-call determinism test (the defaults' reference
+    # as the default rows run them; split_tail's compiled tests (more items than SMs: the
+    # reference, the unsplit grid within float32 merging, the same bits twice); the
+    # defaults' bitwise determinism at head dims 64-256 both ways and the fused kernel's ten-call determinism test (the defaults' reference
     # rows passed on an H100 at c8a6ae2: results/mosaic-c8a6ae2/mosaic-tests-defaults-*).
-    K="test_gpu_span_band_changes_no_bit or test_gpu_fused_is_bitwise"
+    K="test_gpu_span_band_changes_no_bit or test_gpu_fused_is_bitwise or test_gpu_split_tail"
     K="$K or (test_mosaic_backward and test_gpu_is_bitwise_deterministic)"
     MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=500 MOSAIC_TESTS_K="$K" \
       bash $G "$C" mosaic-tests ;;

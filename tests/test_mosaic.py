@@ -576,6 +576,34 @@ def test_gpu_persistent_matches_reference(case):
     _compare(case, config, interpret=False, seed=seed_of(case))
 
 
+# More items than a GPU has SMs, not a multiple of them, so that the last round splits:
+# head dims 64 and 128 non-causal (their rows are persistent), GQA, a ragged key length;
+# causal with rows that see no key (bottom-right), head dim 256 (O through Q's buffer).
+SPLIT_TAIL_GPU_CASES = [
+    Case(2, 2048, 2000, 8, 2, 128, BF16, kv_lens=(2000, 1100)),
+    Case(3, 1500, 1700, 8, 8, 64, F16),
+    Case(2, 1000, 800, 16, 4, 256, BF16, causal=True, bottom_right=True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", SPLIT_TAIL_GPU_CASES, ids=lambda c: c.id)
+def test_gpu_split_tail_matches_reference(case):
+    """split_tail compiled on the call's row made persistent: the reference's
+    tolerance, the unsplit grid's result within float32 merging, the same bits twice."""
+    row = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
+    whole = dataclasses.replace(row, persistent=True)
+    split = dataclasses.replace(whole, split_tail=True)
+    _compare(case, split, interpret=False, seed=seed_of(case))
+    o, lse = _mosaic(case, split, False, seed_of(case))
+    o_whole, lse_whole = _mosaic(case, whole, False, seed_of(case))
+    np.testing.assert_allclose(lse, lse_whole, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(o, np.float32), np.asarray(o_whole, np.float32), atol=1e-2
+    )
+    chex.assert_trees_all_equal((o, lse), _mosaic(case, split, False, seed_of(case)))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", PIPELINES, ids=_config_id)
 def test_gpu_pipeline_configs(config):

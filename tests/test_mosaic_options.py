@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_flash.mosaic import pipeline, softmax
+from pallas_flash.mosaic import pipeline, softmax, split_tail
 from pallas_flash.mosaic.config import WARPGROUP_THREADS
 from tests.cases import Case
 from tests.test_mosaic import (
@@ -263,3 +263,99 @@ def test_named_turns_go_round_the_consumers(consumers, monkeypatch):
     for item in range(items):
         got = [(j, w) for i, j, w in order if i == item]
         assert got == [(j, w) for j in range(steps) for w in range(consumers)]
+
+
+# split_tail: the plan of the last round's pieces, the merge on its own, then the kernel.
+
+
+@pytest.mark.parametrize(
+    "items,ctas,tiles", [(8, 3, 5), (4, 3, 5), (2048, 132, 64), (4096, 132, 32)]
+)
+def test_split_tail_plan_covers_each_tail_key_tile_once(items, ctas, tiles):
+    """The last round's r items' key tiles, each once, in runs that differ by at most one
+    tile, at most two pieces a CTA; the whole rounds before them; an item's pieces listed
+    for the merge in the order of their keys."""
+    tail = split_tail.plan(items, ctas, tiles)
+    rounds, r = divmod(items, ctas)
+    assert tail.rounds == rounds and list(tail.items) == list(range(rounds * ctas, items))
+    seen = collections.Counter()
+    runs = []
+    for cta in range(ctas):
+        run = 0
+        for item, lo, hi, valid in tail.pieces[cta]:
+            if valid:
+                assert 0 <= lo < hi <= tiles
+                seen.update((int(item), t) for t in range(lo, hi))
+                run += hi - lo
+        runs.append(run)
+    assert seen == collections.Counter((i, t) for i in tail.items for t in range(tiles))
+    assert max(runs) - min(runs) <= 1
+    for n in range(len(tail.items)):
+        firsts = [tail.pieces[c, s, 1] for (c, s), v in zip(tail.parts[n], tail.valid[n]) if v]
+        assert firsts == sorted(firsts) and firsts[0] == 0
+
+
+def test_split_tail_plans_nothing_for_whole_rounds():
+    assert split_tail.plan(264, 132, 64) is None and split_tail.plan(100, 132, 0) is None
+
+
+def test_split_tail_merge_is_the_softmax_over_all_keys():
+    """Pieces of a row's keys, each softmax-normalised with its logsumexp, merge into the
+    softmax over all of them (float32, rtol 1e-6); a row no piece saw stays 0, -inf."""
+    rng = np.random.default_rng(0)
+    rows, h, keys = 4, 8, 12
+    s = rng.normal(size=(rows, keys)).astype(np.float32)
+    s[3] = -np.inf  # a row that sees no key
+    v = rng.normal(size=(keys, h)).astype(np.float32)
+    tail = split_tail.plan(4, 3, keys)  # one item in 3 pieces
+    piece_o = np.zeros((3, 2, rows, h), np.float32)
+    piece_lse = np.full((3, 2, rows), -np.inf, np.float32)
+    for cta in range(3):
+        _, lo, hi, valid = tail.pieces[cta, 0]
+        assert valid
+        part = s[:, lo:hi]
+        top = np.where(np.isfinite(part.max(1)), part.max(1), 0)[:, None]
+        p = np.exp(part - top)
+        total = p.sum(1)
+        piece_o[cta, 0] = np.where(
+            total[:, None] > 0, p @ v[lo:hi] / np.maximum(total, 1e-30)[:, None], 0
+        )
+        piece_lse[cta, 0] = np.where(
+            total > 0, top[:, 0] + np.log(np.maximum(total, 1e-30)), -np.inf
+        )
+    o = jnp.full((1, rows, 1, h), 7.0, jnp.float32)  # the split item's rows are overwritten
+    lse = jnp.full((1, 1, rows), 7.0, jnp.float32)
+    coords = (np.array([0]), np.array([0]), np.array([0]))
+    o, lse = split_tail.combine(
+        o, lse, jnp.asarray(piece_o), jnp.asarray(piece_lse), tail, coords, rows
+    )
+    want = jax.nn.softmax(jnp.asarray(s[:3]), axis=-1) @ v
+    np.testing.assert_allclose(o[0, :3, 0], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lse[0, 0, :3], jax.nn.logsumexp(s[:3], axis=-1), rtol=1e-6)
+    assert float(lse[0, 0, 3]) == -np.inf and not np.any(np.asarray(o[0, 3]))
+
+
+# Items the 3 interpret CTAs do not divide: 8 items (2 whole rounds, 2 items in pieces,
+# one CTA's run across both), GQA with a ragged key length; causal with ragged lengths
+# and rows that see no key; head dim 256, whose O leaves through Q's buffer (4 items).
+SPLIT_TAIL_CASES = [
+    Case(2, 130, 300, 2, 1, 64, BF16, kv_lens=(300, 170)),
+    INTERPRET_CASES[4],
+    Case(1, 130, 100, 2, 1, 256, BF16, causal=True),
+]
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("case", SPLIT_TAIL_CASES, ids=lambda c: c.id)
+def test_interpret_split_tail_matches_the_reference_and_the_whole_items(case):
+    """The persistent grid with its last round in pieces: the reference's tolerance, and
+    within float32 merging of the unsplit grid's result (O to a unit of the dtype's last
+    place, the logsumexp to 1e-5)."""
+    config = dataclasses.replace(SMALL, persistent=True, split_tail=True)
+    _compare(case, config, interpret=True, seed=3)
+    o, lse = _mosaic(case, config, True, seed=3)
+    o_whole, lse_whole = _mosaic(case, dataclasses.replace(config, split_tail=False), True, seed=3)
+    np.testing.assert_allclose(lse, lse_whole, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(o, np.float32), np.asarray(o_whole, np.float32), rtol=1e-2, atol=1e-2
+    )

@@ -294,6 +294,18 @@ class MosaicConfig:
       mosaic-tests-early-dqpp.log). Timed beside the default (bf16, B x T = 16k, head
       dim 256 non-causal, forward 2k / 8k; fa-mosaic-256-false-early.jsonl): 548.0 /
       643.8 TFLOP/s against 591.0 / 649.6 (0.93x / 0.99x). Off.
+    split_tail: persistent, the last round's items (when the CTAs do not divide the
+      items) split by keys over every CTA in equal runs of key tiles (stream-K over the
+      tail, mosaic/split_tail.py), each piece's O (float32, normalised by its own row
+      sums) and logsumexp written apart and merged after the kernel in a fixed order:
+      every SM ends with the others instead of P - r of them waiting one item's time.
+      At 16k tokens a batch every non-causal grid point has 2048 or 4096 equal items on
+      132 SMs, a fill of 0.970 (benchmarks/launch_sim.py); split, about 1.0 less the
+      merge. The same result up to float32 rounding (the pieces' sums), the same bits
+      from call to call. Checked in GPU interpret mode against the reference and
+      against the unsplit kernel; compiles for sm_90 without new spills at head dims
+      64 and 128 (docs/mosaic.md, "The forward's last round split by keys"); not
+      timed. Off.
     early_q_load: persistent, each consumer loads its next item's Q as soon as this
       item's last Q K^T has been read (the tile loop's last step) rather than in the
       epilogue, so that the load's latency hides behind that step's softmax and P V
@@ -396,6 +408,7 @@ class MosaicConfig:
     named_releases: bool = False
     o_from_registers: bool = False
     early_q_load: bool = False
+    split_tail: bool = False
     poly_exp2_cols: int = 0
     rescale_slack: float | None = None
     row_sum_wgmma: bool = False
@@ -470,6 +483,10 @@ class MosaicConfig:
         if self.early_q_load and not self.persistent:
             raise ValueError(
                 "early_q_load loads a persistent CTA's next Q early: it needs persistent"
+            )
+        if self.split_tail and not self.persistent:
+            raise ValueError(
+                "split_tail splits a persistent grid's last round: it needs persistent"
             )
 
     def o_buffer(self, head_dim: int, itemsize: int = 2) -> bool:

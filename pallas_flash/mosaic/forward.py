@@ -62,6 +62,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_flash import masks
 from pallas_flash.logits import Logits
+from pallas_flash.mosaic import split_tail
 from pallas_flash.mosaic.config import (
     SMEM_BYTES,
     MosaicConfig,
@@ -221,6 +222,18 @@ def forward(
         grid, grid_names = (N, num_q_tiles, B), ("heads", "q_tiles", "batch")
     if config.kv_multicast:  # the q_tiles axis counts clusters of two CTAs
         grid = (N, num_q_tiles // 2, B)
+    # split_tail: the last round's items in pieces over every CTA (split_tail.py); each
+    # piece's O and logsumexp go out apart, [CTA, piece, rows(, H)], merged below.
+    tail = split_tail.plan(num_items, num_ctas, s_pad // config.block_kv)
+    tail = tail if config.split_tail and config.persistent else None
+    tail_inputs, tail_outputs = (), ()
+    if tail is not None:
+        tail_inputs = (jnp.asarray(tail.pieces),)
+        shape = (num_ctas, split_tail.PIECES_PER_CTA, rows)
+        tail_outputs = (
+            jax.ShapeDtypeStruct((*shape, hp), jnp.float32),
+            jax.ShapeDtypeStruct(shape, jnp.float32),
+        )
     kernel = functools.partial(
         fwd_kernel,
         spec=spec,
@@ -232,12 +245,14 @@ def forward(
         batch=B,
         num_ctas=num_ctas,
         compiled=interpret is False,
+        tail_rounds=None if tail is None else tail.rounds,
     )
-    o, lse = plgpu.kernel(
+    o, lse, *pieces = plgpu.kernel(
         kernel,
         out_type=(
             jax.ShapeDtypeStruct((B, t_pad, N, hp), q.dtype),
             jax.ShapeDtypeStruct((B, N, t_pad), jnp.float32),
+            *tail_outputs,
         ),
         scratch_types=scratch,
         grid=grid,
@@ -248,5 +263,8 @@ def forward(
         interpret=None if interpret is False else interpret,
         kernel_name="pallas_flash_mosaic_fwd",
         **cluster,
-    )(q_len.astype(jnp.int32), kv_len.astype(jnp.int32), ranges, q, k, v, *seg_inputs)
+    )(q_len.astype(jnp.int32), kv_len.astype(jnp.int32), ranges, q, k, v, *seg_inputs, *tail_inputs)
+    if tail is not None:
+        coords = split_tail.item_coords(tail.items, N, B, num_q_tiles, spec.causal)
+        o, lse = split_tail.combine(o, lse, *pieces, tail, coords, rows)
     return o[:, :T, :, :H], lse[:, :, :T]

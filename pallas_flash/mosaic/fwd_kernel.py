@@ -74,9 +74,16 @@ def fwd_kernel(
     batch: int,
     num_ctas: int,
     compiled: bool,
+    tail_rounds: int | None = None,
 ):
-    # With segment ids, their [B, T] and [B, S] arrays come before the outputs.
-    q_seg_ref, kv_seg_ref, o_ref, lse_ref = refs if len(refs) == 4 else (None, None, *refs)
+    # With segment ids, their [B, T] and [B, S] arrays come before the outputs; with
+    # split_tail (`tail_rounds`: the whole rounds), the pieces' table [P, 2, 4] comes
+    # last of the inputs, and the pieces' O and logsumexp last of the outputs.
+    refs = list(refs)
+    piece_o_ref, piece_lse_ref = (refs.pop(), refs.pop())[::-1] if tail_rounds else (None,) * 2
+    o_ref, lse_ref = refs[-2:]
+    pieces_ref = refs[-3] if tail_rounds else None
+    q_seg_ref, kv_seg_ref = refs[:2] if len(refs) - 2 - bool(tail_rounds) == 2 else (None, None)
     block_q, block_kv, stages = config.block_q, config.block_kv, config.num_stages
     if config.named_releases:  # the slot releases on hardware named barriers instead
         k_free, v_free = NamedSlots(NAMED_FREE), NamedSlots(NAMED_FREE + stages)
@@ -86,7 +93,37 @@ def fwd_kernel(
     num_items = heads * num_q_tiles * batch
 
     def item_index(i):
-        return persistent_item(lax.axis_index("cta"), i, num_ctas, snake=spec.causal)
+        cta = lax.axis_index("cta")
+        if not tail_rounds:
+            return persistent_item(cta, i, num_ctas, snake=spec.causal)
+        # split_tail: after the whole rounds, this CTA's pieces of the last round's items
+        whole = persistent_item(cta, jnp.minimum(i, tail_rounds - 1), num_ctas, snake=spec.causal)
+        return jnp.where(i < tail_rounds, whole, pieces_ref[cta, piece_of(i), 0])
+
+    def piece_of(i):  # split_tail: item i's piece of this CTA (0 in the whole rounds)
+        return jnp.clip(i - tail_rounds, 0, 1)
+
+    def key_range(i, b, tile, ends_only: bool = False):
+        """(lo, full_lo, full_hi, hi): the key tiles item i walks, the masked ones below
+        full_lo and from full_hi; a split_tail piece's are its own keys among them.
+        `ends_only` (the producer's): (lo, hi), the other two not read."""
+        row = range_row(tile)
+        if not tail_rounds:
+            if ends_only:
+                return ranges_ref[b, row, 0], ranges_ref[b, row, 3]
+            return tuple(ranges_ref[b, row, c] for c in range(4))
+        lo, full_lo, full_hi, hi = (ranges_ref[b, row, c] for c in range(4))
+        cta, piece = lax.axis_index("cta"), piece_of(i)
+        first, end = pieces_ref[cta, piece, 1], pieces_ref[cta, piece, 2]
+        in_tail = i >= tail_rounds
+        lo = jnp.where(in_tail, jnp.maximum(lo, first), lo)
+        hi = jnp.where(in_tail, jnp.maximum(jnp.minimum(hi, end), lo), hi)
+        if ends_only:
+            return lo, hi
+        # the piece's full tiles: the item's, clamped to its keys
+        full_lo = jnp.minimum(jnp.maximum(full_lo, lo), hi)
+        full_hi = jnp.maximum(jnp.minimum(full_hi, hi), full_lo)
+        return lo, full_lo, full_hi, hi
 
     def item_at(i):
         """(batch, head, query tile) of this CTA's work item i. Causal tiles near the
@@ -118,6 +155,8 @@ def fwd_kernel(
         if not config.persistent:
             return 1
         cta = lax.axis_index("cta")
+        if tail_rounds:  # the whole rounds, then this CTA's pieces of the last one
+            return tail_rounds + pieces_ref[cta, 0, 3] + pieces_ref[cta, 1, 3]
         return persistent_item_count(cta, num_items, num_ctas, snake=spec.causal)
 
     def run_items(fn):
@@ -140,14 +179,16 @@ def fwd_kernel(
 
         def produce(i, base):
             b, h, tile = item_at(i)
+            kv_head = lax.div(h, jnp.int32(group))
+            lo, hi = key_range(i, b, tile, ends_only=True)
             return stream_kv_tiles(
                 (k_ref, v_ref, kv_seg_ref),
                 (k_smem, v_smem, kv_seg_smem),
                 (k_ready, v_ready, k_free, v_free),
                 b=b,
-                kv_head=lax.div(h, jnp.int32(group)),
-                lo=ranges_ref[b, range_row(tile), 0],
-                hi=ranges_ref[b, range_row(tile), 3],
+                kv_head=kv_head,
+                lo=lo,
+                hi=hi,
                 block_kv=block_kv,
                 base=base,
                 drain=False,
@@ -181,7 +222,7 @@ def fwd_kernel(
 
         def consume(i, base):
             b, h, tile = item_at(i)
-            lo, full_lo, full_hi, hi = (ranges_ref[b, range_row(tile), c] for c in range(4))
+            lo, full_lo, full_hi, hi = key_range(i, b, tile)
 
             def slot_of(j):  # key tile j is at ring position base + j - lo
                 return lax.rem(base + j - lo, jnp.int32(stages))
@@ -515,14 +556,35 @@ def fwd_kernel(
                     pl.when(more)(lambda: load_q(i + 1))
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                 lse_smem.at[wg][...] = lse
-                if config.o_from_registers:
-                    o_gmem[...] = o  # global stores: no shared memory, no TMA
+
+                def store():  # O and the logsumexp of the item's rows
+                    if config.o_from_registers:
+                        o_gmem[...] = o  # global stores: no shared memory, no TMA
+                    else:
+                        out_smem[...] = o
+                    plgpu.commit_smem()
+                    if not config.o_from_registers:
+                        plgpu.copy_smem_to_gmem(out_smem, o_gmem)
+                    lse_gmem = lse_ref.at[b, h, pl.ds(q0, block_q)]
+                    plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_gmem)
+
+                def store_piece():  # split_tail: the piece's, float32, apart (merged later)
+                    cta, piece, rows = (
+                        lax.axis_index("cta"),
+                        piece_of(i),
+                        pl.ds(wg * block_q, block_q),
+                    )
+                    piece_o_ref.at[cta, piece, rows][...] = acc * lax.broadcast_in_dim(
+                        inv, acc.shape, [0]
+                    )  # global stores from registers
+                    plgpu.commit_smem()
+                    plgpu.copy_smem_to_gmem(lse_smem.at[wg], piece_lse_ref.at[cta, piece, rows])
+
+                if tail_rounds:
+                    pl.when(i < tail_rounds)(store)
+                    pl.when(i >= tail_rounds)(store_piece)
                 else:
-                    out_smem[...] = o
-                plgpu.commit_smem()
-                if not config.o_from_registers:
-                    plgpu.copy_smem_to_gmem(out_smem, o_gmem)
-                plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, h, pl.ds(q0, block_q)])
+                    store()
                 if config.persistent and not o_apart:
                     # O leaves through Q's buffer: the next Q loads once it is read out.
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)

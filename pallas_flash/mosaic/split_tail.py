@@ -1,0 +1,104 @@
+"""The persistent forward's last round split by keys (`MosaicConfig.split_tail`).
+
+A persistent grid of P CTAs walks E items in rounds of P; when P does not divide E, the
+last round has r = E mod P items and P - r SMs wait for them (at 16k tokens a batch
+every non-causal grid point has 2048 or 4096 equal items on 132 SMs: 15.5 or 31.03
+rounds, a fill of 0.970; benchmarks/launch_sim.py). Split instead, the last r items'
+key tiles, laid end to end (r x key tiles steps), go to the P CTAs in P equal runs
+(stream-K over the tail): each run covers at most two items' pieces, since a run is no
+longer than one item. A piece is an item's rows over some of its key tiles; the kernel
+writes its O (normalised by its own row sums, float32) and its logsumexp apart, and
+`combine` below merges an item's pieces in a fixed order (the logsumexps' weights)
+into O and the logsumexp: the same result up to float32 rounding, and the same bits
+from call to call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+# The pieces a CTA's run may hold: a run is at most one item long, so it ends in the
+# item it starts in or in the next.
+PIECES_PER_CTA = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class TailPlan:
+    """rounds: the whole rounds every CTA walks first. pieces: [P, 2, 4] int32, each
+    CTA's pieces (item, first key tile, end key tile, 1 if the piece exists). items: the
+    split items, in order; parts: [r, max pieces, 2] (CTA, piece) of each item's pieces
+    and valid: [r, max pieces] which of them exist."""
+
+    rounds: int
+    pieces: np.ndarray
+    items: np.ndarray
+    parts: np.ndarray
+    valid: np.ndarray
+
+
+def plan(num_items: int, num_ctas: int, key_tiles: int) -> TailPlan | None:
+    """The split of the last round of `num_items` items, each `key_tiles` key tiles long,
+    over `num_ctas` CTAs; None where the rounds are whole (nothing to split)."""
+    rounds, r = divmod(num_items, num_ctas)
+    if r == 0 or key_tiles == 0:
+        return None
+    steps = r * key_tiles  # the tail's key tiles, item after item
+    bounds = [c * steps // num_ctas for c in range(num_ctas + 1)]
+    pieces = np.zeros((num_ctas, PIECES_PER_CTA, 4), np.int32)
+    by_item: dict[int, list[tuple[int, int]]] = {}
+    for cta in range(num_ctas):
+        start, end, slot = bounds[cta], bounds[cta + 1], 0
+        while start < end:
+            k, lo = divmod(start, key_tiles)
+            hi = min(end - k * key_tiles, key_tiles)
+            item = rounds * num_ctas + k
+            pieces[cta, slot] = (item, lo, hi, 1)
+            by_item.setdefault(item, []).append((cta, slot))
+            start, slot = k * key_tiles + hi, slot + 1
+    items = np.array(sorted(by_item), np.int32)
+    width = max(len(p) for p in by_item.values())
+    parts = np.zeros((len(items), width, 2), np.int32)
+    valid = np.zeros((len(items), width), bool)
+    for n, item in enumerate(items):
+        for m, part in enumerate(by_item[int(item)]):
+            parts[n, m], valid[n, m] = part, True
+    return TailPlan(rounds, pieces, items, parts, valid)
+
+
+def item_coords(items: np.ndarray, heads: int, batch: int, num_q_tiles: int, causal: bool):
+    """(batch, head, query tile) of persistent items: fwd_kernel's `item_at`, on the host
+    (causal: tile-major from the bottom tile; else a (batch, head)'s tiles together)."""
+    if causal:
+        t, rest = np.divmod(items, heads * batch)
+        h, b = np.divmod(rest, batch)
+        return b, h, num_q_tiles - 1 - t
+    rest, t = np.divmod(items, num_q_tiles)
+    b, h = np.divmod(rest, heads)
+    return b, h, t
+
+
+def combine(o, lse, piece_o, piece_lse, tail: TailPlan, coords, rows: int):
+    """O [B, T, N, H] and the logsumexp [B, N, T] with the split items' rows merged from
+    their pieces (piece_o [P, 2, rows, H] float32, piece_lse [P, 2, rows]): each piece
+    weighs exp(its logsumexp - the item's); a row no piece's key reached stays 0 with
+    logsumexp -inf."""
+    cta, slot = tail.parts[..., 0], tail.parts[..., 1]
+    valid = jnp.asarray(tail.valid)[..., None]  # [r, pieces, 1]
+    part_lse = jnp.where(valid, piece_lse[cta, slot], -jnp.inf)  # [r, pieces, rows]
+    top = part_lse.max(axis=1)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    weight = jnp.exp(part_lse - top[:, None])  # 0 for a piece (row) that saw no key
+    total = weight.sum(axis=1)
+    seen = total > 0
+    merged_lse = jnp.where(seen, top + jnp.log(jnp.where(seen, total, 1.0)), -jnp.inf)
+    part_o = jnp.where(valid[..., None], piece_o[cta, slot], 0.0)  # [r, pieces, rows, H]
+    merged_o = (weight[..., None] * part_o).sum(axis=1)
+    merged_o = merged_o / jnp.where(seen, total, 1.0)[..., None]
+    b, h, t = (np.asarray(x)[:, None] for x in coords)
+    row = t * rows + np.arange(rows)[None, :]  # [r, rows]
+    o = o.at[b, row, h].set(merged_o.astype(o.dtype))
+    lse = lse.at[b, h, row].set(merged_lse)
+    return o, lse
