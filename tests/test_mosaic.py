@@ -272,6 +272,8 @@ def test_interpret_never_reads_skipped_tiles():
         pytest.param("early-q", marks=pytest.mark.extended),
         "early-q-h256",
         pytest.param("multicast", marks=pytest.mark.extended),
+        pytest.param("split", marks=pytest.mark.extended),
+        pytest.param("split-h256", marks=pytest.mark.extended),
     ],
 )
 def test_interpret_finds_no_data_race(schedule):
@@ -283,7 +285,9 @@ def test_interpret_finds_no_data_race(schedule):
     to the next (4 items on 3 CTAs); with kv_multicast, each CTA's producer writes its half
     of a tile into both CTAs' slots once all four consumers of the cluster release them;
     with early_q_load (persistent, O from registers), the next Q loads while this item's
-    last softmax and P V run and its logsumexp is stored."""
+    last softmax and P V run and its logsumexp is stored; with split_tail, the last of
+    the 4 items in pieces over the 3 CTAs, each piece's logsumexp leaving through the
+    same buffer as a whole item's."""
     from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks  # no public accessor
 
     params = plgpu.InterpretGPUParams(detect_races=True)
@@ -294,6 +298,7 @@ def test_interpret_finds_no_data_race(schedule):
         "persistent": {"persistent": True},
         "multicast": {"kv_multicast": True},
         "early": {"persistent": True, "early_q_load": True, "o_from_registers": True},
+        "split": {"persistent": True, "split_tail": True},
     }
     config = MosaicConfig(
         block_q=64, block_kv=64, num_stages=2, **flags.get(schedule.split("-")[0], {})
