@@ -20,7 +20,7 @@ import argparse
 import dataclasses
 import heapq
 
-from pallas_flash.mosaic import bwd_config, pipeline
+from pallas_flash.mosaic import bwd_config, pipeline, split_tail
 from pallas_flash.mosaic import config as fwd_config
 
 H100_SMS = 132  # the H100 SXM's and the H200's SM count
@@ -64,14 +64,22 @@ def forward_costs(config, t: int, b: int, n: int, causal: bool, cta_steps: float
         return [cost(q) + cta_steps for _ in range(n) for q in order for _ in range(b)]
     items = n * tiles * b
     ctas = min(items, H100_SMS)
+    key_tiles = _ceil(t, config.block_kv)
+    tail = split_tail.plan(items, ctas, key_tiles) if config.split_tail else None
     per_cta = [0.0] * ctas
     for cta in range(ctas):
         i = 0
         while (w := int(pipeline.persistent_item(cta, i, ctas, snake=causal))) < items:
+            if tail is not None and i == tail.rounds:
+                break  # split_tail: the last round goes in pieces (below)
             # causal: tile-major from the bottom; else a (batch, head)'s tiles together
             q = tiles - 1 - w // (n * b) if causal else w % tiles
             per_cta[cta] += cost(q) + cta_steps
             i += 1
+        for item, lo, hi, valid in tail.pieces[cta] if tail is not None else ():
+            if valid:  # a piece walks its keys of the item's (all of them, not causal)
+                q = split_tail.item_coords(item, n, b, tiles, causal)[2]
+                per_cta[cta] += max(0, min(hi, cost(q)) - lo) + cta_steps
     return per_cta
 
 
@@ -126,12 +134,13 @@ def report(
     `bands` heads (`MosaicBwdConfig.span_band`)."""
     b, n = 16384 // seq, heads or 2048 // head_dim
     fwd = fwd_config.default_mosaic_config(head_dim, seq, causal)
-    costs = forward_costs(fwd, seq, b, n, causal, cta_steps)
-    work, end = fill(costs) if not fwd.persistent else (sum(costs), max(costs))
     units = "items on 132 CTAs" if fwd.persistent else "CTAs"
     items = n * _ceil(seq, fwd.consumers * fwd.block_q) * b
-    line = f"h{head_dim} n{n} {'causal' if causal else 'full  '} {seq:>5}: fwd {items} {units} "
-    line += f"fill {work / (H100_SMS * end):.3f}"
+    line = f"h{head_dim} n{n} {'causal' if causal else 'full  '} {seq:>5}: fwd {items} {units}"
+    for config in (fwd, dataclasses.replace(fwd, split_tail=True)) if fwd.persistent else (fwd,):
+        costs = forward_costs(config, seq, b, n, causal, cta_steps)
+        work, end = fill(costs) if not config.persistent else (sum(costs), max(costs))
+        line += f"{' split' if config.split_tail else ''} fill {work / (H100_SMS * end):.3f}"
     bwd = bwd_config.default_mosaic_bwd_config(head_dim, causal)
     for band in bands:
         config = dataclasses.replace(bwd, span_band=band)

@@ -54,6 +54,20 @@ def test_full_grids_lose_the_last_wave(head_dim):
     for seq in (2048, 16384):
         line = launch_sim.report(head_dim, seq, False, [1], cta_steps=2.0)
         assert line.count("fill 0.970") == 2, line
+        split = float(line.split("split fill ")[1].split()[0])  # the forward's, split_tail
+        assert split >= 0.99, line
+
+
+def test_split_tail_pieces_add_up_to_the_last_round():
+    """With split_tail the CTAs' work is the whole rounds' plus the last round's key
+    tiles, spread within a tile of each other (no fixed cost here)."""
+    config = dataclasses.replace(
+        fwd_config.default_mosaic_config(128, 8192, False), split_tail=True
+    )
+    per_cta = launch_sim.forward_costs(config, 8192, 2, 16, False, cta_steps=0)
+    tiles = 8192 // config.block_kv
+    assert sum(per_cta) == 2048 * tiles
+    assert max(per_cta) - min(per_cta) <= 1
 
 
 def test_backward_costs_follow_the_causal_ranges():
