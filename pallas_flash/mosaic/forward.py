@@ -224,8 +224,9 @@ def forward(
         grid = (N, num_q_tiles // 2, B)
     # split_tail: the last round's items in pieces over every CTA (split_tail.py); each
     # piece's O and logsumexp go out apart, [CTA, piece, rows(, H)], merged below.
-    tail = split_tail.plan(num_items, num_ctas, s_pad // config.block_kv)
-    tail = tail if config.split_tail and config.persistent else None
+    tail = None
+    if config.split_tail:  # persistent (MosaicConfig checks it); None when rounds are whole
+        tail = split_tail.plan(num_items, num_ctas, s_pad // config.block_kv)
     tail_inputs, tail_outputs = (), ()
     if tail is not None:
         tail_inputs = (jnp.asarray(tail.pieces),)
