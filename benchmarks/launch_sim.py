@@ -110,7 +110,14 @@ def backward_costs(config, t: int, b: int, n: int, k: int, causal: bool, cta_ste
         return (q_tiles - lo) * (n // k) + cta_steps
 
     order = span_order(k, spans, b, config.heads_per_band(k))
-    out = [("fused" if config.fused else "dkdv", [span_cost(s) for _, s, _ in order])]
+    costs = [span_cost(s) for _, s, _ in order]
+    tail = split_tail.even_pieces(len(order), H100_SMS, q_tiles) if config.split_tail else None
+    if tail is not None:  # the whole CTAs, then each piece a CTA: its tiles of its span's
+        costs = costs[: tail.whole]
+        for item, first, end in tail.table:
+            lo = order[item][1] * keys // bq if causal else 0
+            costs.append(max(0, end - max(first, lo)) * (n // k) + cta_steps)
+    out = [("fused" if config.fused else "dkdv", costs)]
     if not config.fused:
         rows = (1 if config.split_dq else config.consumers_dq) * config.block_q_dq
         tiles = _ceil(t, rows)
@@ -143,12 +150,14 @@ def report(
         line += f"{' split' if config.split_tail else ''} fill {work / (H100_SMS * end):.3f}"
     bwd = bwd_config.default_mosaic_bwd_config(head_dim, causal)
     for band in bands:
-        config = dataclasses.replace(bwd, span_band=band)
-        parts = backward_costs(config, seq, b, n, n, causal, cta_steps)
-        ends = [fill(c) for _, c in parts]
-        total = sum(w for w, _ in ends) / (H100_SMS * sum(e for _, e in ends))
-        names = "+".join(f"{name} {len(c)}" for name, c in parts)
-        line += f" | bwd band {band}: {names} CTAs fill {total:.3f}"
+        for split in (False, True) if band == 1 else (False,):
+            config = dataclasses.replace(bwd, span_band=band, split_tail=split)
+            parts = backward_costs(config, seq, b, n, n, causal, cta_steps)
+            ends = [fill(c) for _, c in parts]
+            total = sum(w for w, _ in ends) / (H100_SMS * sum(e for _, e in ends))
+            names = "+".join(f"{name} {len(c)}" for name, c in parts)
+            what = "split" if split else f"band {band}"
+            line += f" | bwd {what}: {names} CTAs fill {total:.3f}"
     return line
 
 

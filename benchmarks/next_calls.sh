@@ -31,9 +31,10 @@ case $call in
     # 2048 or 4096 equal CTAs (or persistent items), 15.5 or 31.03 waves on 132 SMs, a
     # fill of 0.970 by the model; with 33 heads instead of 32 the items are 4224, 32
     # whole waves, 1.000. Both passes, 8k non-causal, head dims 128 and 64, ours and
-    # cuDNN at 32 and 33 heads, and the forward with its last round split by keys
-    # (split_tail). Prediction: ours 1.02-1.03x the TFLOP/s at 33 heads; split_tail
-    # 1.01-1.03x the forward at 32 heads and the same at 33 (no last round to split).
+    # cuDNN at 32 and 33 heads, and split_tail (both configs' field: the forward's last
+    # round split by keys, the backward's last wave by query tiles). Prediction: ours
+    # 1.02-1.03x the TFLOP/s at 33 heads; split_tail 1.01-1.03x both passes at 32 heads
+    # and the same at 33 (nothing to split).
     FA_PASSES=fwd,bwd FA_SEQS=8192 FA_HEADS=32,33 \
       MOSAIC_FA_IMPLS=$M,$M/split_tail=true,jax.nn:cudnn \
       timeout 230 bash $G "$C" mosaic-fa:128:false

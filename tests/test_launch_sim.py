@@ -56,6 +56,8 @@ def test_full_grids_lose_the_last_wave(head_dim):
         assert line.count("fill 0.970") == 2, line
         split = float(line.split("split fill ")[1].split()[0])  # the forward's, split_tail
         assert split >= 0.99, line
+        split = float(line.split("bwd split: ")[1].split("fill ")[1].split()[0])  # the backward's
+        assert split >= 0.985, line
 
 
 def test_split_tail_pieces_add_up_to_the_last_round():

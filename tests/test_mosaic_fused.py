@@ -235,6 +235,53 @@ def test_span_band_refuses_rotated_adds_and_zero():
     assert dataclasses.replace(FUSED, rotated_adds=True, span_band=1).rotated_adds
 
 
+# split_tail in interpret mode (5 pretend SMs): 12 CTAs (2 K/V heads x 3 key spans x 2
+# batch elements), so 10 whole and the last 2 (the last span of head 1, each batch
+# element) in pieces over the 5 runs; causal bottom-right, so that the last span's keys
+# are seen (by the lower rows only), with a ragged key length.
+SPLIT_TAIL_CASE = Case(
+    2, 130, 300, 4, 2, 64, BF16, causal=True, bottom_right=True, kv_lens=(300, 280)
+)
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize(
+    "case,config",
+    [
+        (SPLIT_TAIL_CASE, pair_mosaic_bwd_config(64)),  # the pair's dK/dV kernel
+        (SPLIT_TAIL_CASE, FUSED_ROWS),  # the fused kernel: its dQ adds over the pieces
+        (Case(2, 200, 300, 4, 2, 128, F16), FUSED),  # no mask
+    ],
+    ids=["pair", "fused", "fused-no-mask"],
+)
+def test_interpret_split_tail_matches_the_reference_and_the_whole_grid(case, config):
+    """The last wave in pieces: the reference's tolerance; dQ (the same adds in the same
+    turns) bit for bit the plain grid's, dK and dV within float32 summing of it."""
+    split = dataclasses.replace(config, split_tail=True)
+    spans = -(-case.seq_kv // (config.key_tiles_dkv * config.block_kv_dkv))
+    assert case.kv_heads * spans * case.batch % mosaic_backward._TAIL_SMS  # a last wave
+    dq, dk, dv = _compare(case, split, True, seed=_seed(case))
+    dq0, dk0, dv0 = _compare(case, config, True, seed=_seed(case))
+    chex.assert_trees_all_equal(dq, dq0)
+    for got, want in ((dk, dk0), (dv, dv0)):
+        np.testing.assert_allclose(
+            np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=1e-2, atol=1e-2
+        )
+
+
+def test_split_tail_refuses_the_other_launch_orders():
+    """split_tail lays the grid out itself: not with rotated_adds, dkdv_q_multicast or
+    span_band (a ValueError naming them, before anything is built)."""
+    pair = pair_mosaic_bwd_config(64)
+    for base, flags in (
+        (FUSED, dict(rotated_adds=True)),
+        (pair, dict(dkdv_q_multicast=True)),
+        (FUSED, dict(span_band=2)),
+    ):
+        with pytest.raises(ValueError, match="split_tail .* not with rotated_adds"):
+            dataclasses.replace(base, split_tail=True, **flags)
+
+
 @pytest.mark.extended
 def test_interpret_fused_probs_before_dp_changes_no_bit():
     """`probs_before_dp` in the fused kernel's plain order (S^T awaited alone, P^T made
@@ -594,6 +641,33 @@ def test_gpu_step_descriptors_change_no_bit(case, kernels):
     else:
         config = dataclasses.replace(fused_mosaic_bwd_config(case.head_dim), fa3_order=True)
     _flag_changes_no_bit(case, config, "step_descriptors", False)
+
+
+# More dK/dV CTAs than SMs and not a multiple of them (512 on 132: 116 in pieces), and
+# fewer (64 and 112: all in pieces); the fused default non-causal, the pair causal.
+SPLIT_TAIL_GPU_CASES = [
+    Case(4, 2048, 2048, 8, 8, 64, F16),
+    Case(2, 2048, 2000, 8, 2, 128, BF16, kv_lens=(2000, 1100)),
+    Case(2, 1000, 1700, 8, 4, 64, BF16, causal=True, bottom_right=True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", SPLIT_TAIL_GPU_CASES, ids=lambda c: c.id)
+def test_gpu_split_tail_backward_matches_reference(case):
+    """The backward's split_tail compiled on the call's default row: the reference's
+    tolerance, dQ bit for bit the plain grid's, dK and dV within float32 summing of it,
+    the same bits twice."""
+    config = default_mosaic_bwd_config(case.head_dim, case.causal)
+    split = dataclasses.replace(config, split_tail=True)
+    got = _compare(case, split, False, seed=_seed(case))
+    dq0, dk0, dv0 = _compare(case, config, False, seed=_seed(case))
+    chex.assert_trees_all_equal(got[0], dq0)
+    for x, want in zip(got[1:], (dk0, dv0)):
+        np.testing.assert_allclose(
+            np.asarray(x, np.float32), np.asarray(want, np.float32), atol=1e-2
+        )
+    chex.assert_trees_all_equal(got, _compare(case, split, False, seed=_seed(case)))
 
 
 @pytest.mark.gpu

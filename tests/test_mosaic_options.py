@@ -359,3 +359,25 @@ def test_interpret_split_tail_matches_the_reference_and_the_whole_items(case):
     np.testing.assert_allclose(
         np.asarray(o, np.float32), np.asarray(o_whole, np.float32), rtol=1e-2, atol=1e-2
     )
+
+
+@pytest.mark.parametrize(
+    "items,sms,tiles", [(12, 5, 2), (2048, 132, 128), (4096, 132, 64), (64, 132, 32)]
+)
+def test_split_tail_even_pieces_cover_the_last_wave(items, sms, tiles):
+    """The backward's split: the whole waves first, then each CTA of the last wave in m
+    pieces covering its tiles once, in launch order (a piece after every piece of a lower
+    item), listed for the sums in the order of their tiles."""
+    split = split_tail.even_pieces(items, sms, tiles)
+    assert split.whole == items // sms * sms
+    assert list(split.items) == list(range(split.whole, items))
+    assert list(split.table[:, 0]) == sorted(split.table[:, 0])
+    for item, rows in zip(split.items, split.rows):
+        pieces = split.table[rows]
+        assert set(pieces[:, 0]) == {item} and pieces[0, 1] == 0 and pieces[-1, 2] == tiles
+        assert all(pieces[1:, 1] == pieces[:-1, 2])  # end to end, no gap, no overlap
+
+
+def test_split_tail_even_pieces_only_where_they_gain():
+    assert split_tail.even_pieces(264, 132, 64) is None  # whole waves
+    assert split_tail.even_pieces(133, 132, 1) is None  # a CTA of one tile: no pieces

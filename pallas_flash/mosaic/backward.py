@@ -82,11 +82,12 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_flash import masks
 from pallas_flash.logits import Logits, backward_stats
-from pallas_flash.mosaic import dq_adds
+from pallas_flash.mosaic import dq_adds, split_tail
 from pallas_flash.mosaic.bwd_config import MosaicBwdConfig, q_do_fit_registers
 from pallas_flash.mosaic.config import NARROW_SWIZZLE, SMEM_BYTES, padded_head_dim
 from pallas_flash.mosaic.dkdv_kernel import dkdv_kernel
@@ -100,6 +101,10 @@ from pallas_flash.mosaic.pipeline import (
     swizzled,
 )
 from pallas_flash.mosaic.support import unsupported
+
+# split_tail in GPU interpret mode: a pretend SM count that the small test grids do not
+# divide, so that their last CTAs go in pieces.
+_TAIL_SMS = 5
 
 
 def check_fits(config: MosaicBwdConfig, hp: int):
@@ -296,6 +301,16 @@ def backward(
     if fused:  # the float32 dQ the ordered adds build
         out_type.append(jax.ShapeDtypeStruct((B, t_pad, N, hp), jnp.float32))
     interpreted = interpret is not False
+    # split_tail: one grid axis, the whole CTAs in the plain order, then the pieces of
+    # the last wave's query tiles (split_tail.py); their dK and dV out apart, summed below.
+    tail = None
+    if config.split_tail:
+        sms = _TAIL_SMS if interpreted else sm_count()
+        tail = split_tail.even_pieces(K * spans * B, sms, num_q_tiles)
+    if tail is not None:
+        grid, grid_names = (tail.whole + len(tail.table),), ("cta",)
+        piece_shape = (len(tail.table), keys_dkv, hp)
+        out_type += [jax.ShapeDtypeStruct(piece_shape, jnp.float32)] * 2
     outs = plgpu.kernel(
         functools.partial(
             dkdv_kernel,
@@ -307,6 +322,7 @@ def backward(
             interpret=interpreted,
             semaphores=(B, N, num_q_tiles) if fused else None,
             band=band,
+            tail=None if tail is None else (tail.whole, spans, B),
         ),
         out_type=tuple(out_type),
         scratch_types=dict(
@@ -346,8 +362,13 @@ def backward(
         kernel_name="pallas_flash_mosaic_bwd_fused" if fused else "pallas_flash_mosaic_bwd_dkdv",
         **params,
         **dkdv_cluster,
-    )(q_len, kv_len, ranges, *inputs, *order)
+    )(q_len, kv_len, ranges, *inputs, *order, *(() if tail is None else (tail.table,)))
     dk, dv = outs[:2]
+    if tail is not None:  # the split spans' dK and dV: their pieces' sums
+        coords = np.divmod(tail.items, spans * B)
+        coords = (coords[1] % B, coords[0], coords[1] // B)  # (batch, head, span)
+        dk = split_tail.sum_pieces(dk, outs[-2], tail, coords, keys_dkv)
+        dv = split_tail.sum_pieces(dv, outs[-1], tail, coords, keys_dkv)
     if fused:
         _, first, last = order[:3]
         rows = dq_adds.visited_rows(first, last, bq, T)[:, :, None, None]

@@ -344,6 +344,24 @@ class MosaicBwdConfig:
       Checked in GPU interpret mode (the same bits); not with rotated_adds (whose
       turns need a head's spans resident together). 1; bands of 2 and 4 not yet
       timed.
+    split_tail: the dK/dV (or fused) kernel's last wave (when the GPU's SMs do not divide
+      its CTAs) split by query tiles over every SM (mosaic/split_tail.py, even_pieces):
+      the whole CTAs run in the plain launch order on a grid of one axis, then each CTA
+      of the last wave as m pieces, each a CTA over about 1/m of its span's query tiles
+      (the walk's ranges clamped to them; m chosen so that the pieces' waves end
+      soonest), its dK and dV (float32) written apart and summed after the kernel in a
+      fixed order. Each query
+      tile still takes one dQ add from each span, from whichever piece holds it, in the
+      same turns. At 16k tokens a batch every non-causal grid point has 2048 or 4096
+      CTAs on 132 SMs, a fill of 0.970 (benchmarks/launch_sim.py). The same result up
+      to float32 rounding of dK and dV (dQ's adds are unchanged), the same bits from
+      call to call. By the launch model it fills 0.987-0.998 at head dim 128 and
+      0.993-1.000 at 64 without a mask, against 0.970, but less than the plain grid
+      under a causal mask (whose last CTAs are its shortest): for non-causal calls.
+      Not with rotated_adds, dkdv_q_multicast or span_band. Checked in GPU interpret
+      mode (5 pretend SMs: the reference, dQ bit for bit, dK and dV within float32
+      sums); compiles for sm_90 (the fused kernel spills 36 / 96 B at head dim 64, 152
+      / 220 at 128; the default 20 / 68 and 132 / 220); not timed. Off.
     split_writer: fused, writer_warp: the ordered adds in two warps of the
       producer's warpgroup (two of its warps idled), one a writer slot, so the adds
       of one step wait for their turn and land while the next step's go out. One
@@ -415,6 +433,7 @@ class MosaicBwdConfig:
     rotated_adds: bool = False
     split_writer: bool = False
     span_band: int = 1
+    split_tail: bool = False
     held_zero: bool = True
     probs_before_dp: bool = False
 
@@ -487,6 +506,11 @@ class MosaicBwdConfig:
             )
         if self.rotated_adds and not self.fused:
             raise ValueError("rotated_adds orders the fused kernel's dQ adds: it needs fused=True")
+        if self.split_tail and (self.rotated_adds or self.dkdv_q_multicast or self.span_band != 1):
+            raise ValueError(
+                "split_tail lays the dK/dV grid out in its own order: not with rotated_adds, "
+                "dkdv_q_multicast or span_band"
+            )
         if self.span_band < 1:
             raise ValueError(f"span_band={self.span_band} must be >= 1 (heads per band)")
         if self.rotated_adds and self.span_band != 1:

@@ -72,26 +72,47 @@ def dkdv_kernel(
     interpret: bool,
     semaphores: tuple[int, ...] | None,
     band: int,
+    tail: tuple[int, int, int] | None = None,
 ):
     # After the nine inputs above: the segment ids ([B, T], [B, S]) when given, the
-    # fused kernel's order tables, then the outputs dK, dV (and the float32 dQ).
+    # fused kernel's order tables, split_tail's pieces ([pieces, 3]); then the outputs
+    # dK, dV (and the float32 dQ; and split_tail's pieces' float32 dK, dV).
     refs = list(refs)
     q_seg_ref, kv_seg_ref = (refs.pop(0), refs.pop(0)) if with_segs else (None, None)
     rotated = config.rotated_adds  # the order tables, then the rotation table
     order_refs = tuple(refs.pop(0) for _ in range(3 + rotated)) if config.fused else None
+    pieces_ref = refs.pop(0) if tail else None
+    piece_refs = (refs.pop(), refs.pop())[::-1] if tail else None  # (dK, dV)
     dk_ref, dv_ref, *dq_acc_ref = refs
     bq, bk, stages = config.block_q_dkv, config.block_kv_dkv, config.num_stages_dkv
     consumers, tiles = config.consumers_dkv, config.key_tiles_dkv
     dtype = q_smem.dtype
-    b = lax.axis_index("batch")
-    if band > 1:  # span_band's grid (backward.py)
-        kv_head = lax.axis_index("head_bands") * band + lax.axis_index("band_heads")
+    in_tail = piece = None
+    if tail:  # split_tail's grid (backward.py): the whole CTAs in launch order, then pieces
+        whole, spans, batch = tail
+        cta = lax.axis_index("cta")
+        in_tail = cta >= whole
+        piece = jnp.maximum(cta - whole, 0)
+        item = jnp.where(in_tail, pieces_ref[piece, 0], cta)
+        kv_head = lax.div(item, jnp.int32(spans * batch))
+        span = lax.rem(lax.div(item, jnp.int32(batch)), jnp.int32(spans))
+        b = lax.rem(item, jnp.int32(batch))
     else:
-        kv_head = lax.axis_index("heads")
-    span = lax.axis_index("kv_tiles")  # with dkdv_q_multicast, a cluster of two spans
+        b = lax.axis_index("batch")
+        if band > 1:  # span_band's grid (backward.py)
+            kv_head = lax.axis_index("head_bands") * band + lax.axis_index("band_heads")
+        else:
+            kv_head = lax.axis_index("heads")
+        span = lax.axis_index("kv_tiles")  # with dkdv_q_multicast, a cluster of two spans
     wg = lax.axis_index("wg")
     # The query tiles this CTA walks: its own key span's, or its cluster's (both spans').
     lo, full_lo, full_hi, hi = (ranges_ref[b, span, c] for c in range(4))
+    if tail:  # a piece walks its own query tiles of them (the masked ones kept masked)
+        first, end = pieces_ref[piece, 1], pieces_ref[piece, 2]
+        lo = jnp.where(in_tail, jnp.maximum(lo, first), lo)
+        hi = jnp.where(in_tail, jnp.maximum(jnp.minimum(hi, end), lo), hi)
+        full_lo = jnp.minimum(jnp.maximum(full_lo, lo), hi)
+        full_hi = jnp.maximum(jnp.minimum(full_hi, hi), full_lo)
     if config.dkdv_q_multicast:
         span = span * 2 + lax.axis_index("cluster")
     n = hi - lo  # query tiles per query head of the group
@@ -524,14 +545,26 @@ def dkdv_kernel(
             dq_adds.consumers_done(fused_scratch, group * n, w)
         outs = []
         if does_dv:
-            outs.append((v_tile, accs[0], dv_ref))
+            outs.append((v_tile, accs[0], dv_ref, 1))
         if does_dk:
-            outs.append((k_tile, accs[-1] * scale, dk_ref))  # dS was of the scaled scores
-        for tile, acc, ref in outs:
-            tile[...] = acc.astype(dtype)
-        plgpu.commit_smem()
-        for tile, _, ref in outs:
-            plgpu.copy_smem_to_gmem(tile, ref.at[b, pl.ds(kw0, bk), kv_head])
+            outs.append((k_tile, accs[-1] * scale, dk_ref, 0))  # dS was of the scaled scores
+
+        def store():
+            for tile, acc, _, _ in outs:
+                tile[...] = acc.astype(dtype)
+            plgpu.commit_smem()
+            for tile, _, ref, _ in outs:
+                plgpu.copy_smem_to_gmem(tile, ref.at[b, pl.ds(kw0, bk), kv_head])
+
+        def store_piece():  # split_tail: float32 partials from registers, summed later
+            for _, acc, _, which in outs:
+                piece_refs[which].at[piece, pl.ds(t * bk, bk)][...] = acc
+
+        if tail:
+            pl.when(jnp.logical_not(in_tail))(store)
+            pl.when(in_tail)(store_piece)
+        else:
+            store()
         # The CTA ends: the tiles only have to be read out (fwd_kernel.py's epilogue says why).
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 

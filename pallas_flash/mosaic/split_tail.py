@@ -40,8 +40,9 @@ class TailPlan:
 
 
 def plan(num_items: int, num_ctas: int, key_tiles: int) -> TailPlan | None:
-    """The split of the last round of `num_items` items, each `key_tiles` key tiles long,
-    over `num_ctas` CTAs; None where the rounds are whole (nothing to split)."""
+    """The split of the last round of `num_items` items, each `key_tiles` tiles long (key
+    tiles in the forward, query tiles in the backward's), over `num_ctas` CTAs (or SMs);
+    None where the rounds are whole (nothing to split)."""
     rounds, r = divmod(num_items, num_ctas)
     if r == 0 or key_tiles == 0:
         return None
@@ -102,3 +103,56 @@ def combine(o, lse, piece_o, piece_lse, tail: TailPlan, coords, rows: int):
     o = o.at[b, row, h].set(merged_o.astype(o.dtype))
     lse = lse.at[b, h, row].set(merged_lse)
     return o, lse
+
+
+# The backward's half: the dK/dV (fused) grid's last wave, split by query tiles. Its grid
+# is not persistent, so each piece is a CTA of its own, launched after the whole CTAs in
+# the same order (a piece waits only on lower key spans, launched before it): a span of
+# the last wave goes in m equal pieces, m chosen so that the pieces' waves end soonest.
+
+
+@dataclasses.dataclass(frozen=True)
+class PieceSplit:
+    """whole: the CTAs that run whole, the first in launch order. table: [pieces, 3]
+    int32 (item, first tile, end tile) in launch order. items: the split items; rows:
+    [r, m] each one's pieces' rows in `table`, in the order of their tiles."""
+
+    whole: int
+    table: np.ndarray
+    items: np.ndarray
+    rows: np.ndarray
+
+
+def even_pieces(num_items: int, sms: int, tiles: int, cta_steps: int = 2) -> PieceSplit | None:
+    """The split of the last wave of `num_items` CTAs of `tiles` steps each on `sms`
+    SMs: each of its r CTAs in m pieces of about tiles / m steps, m the count (up to
+    `tiles`) whose ceil(r m / sms) waves of pieces, each `cta_steps` longer for a CTA's
+    fixed costs, end first. None where the waves are whole or splitting gains nothing."""
+    whole = num_items // sms * sms
+    r = num_items - whole
+    if r == 0 or tiles < 2:
+        return None
+    cost = lambda m: -(-r * m // sms) * (-(-tiles // m) + cta_steps)  # noqa: E731
+    m = min(range(1, tiles + 1), key=lambda m: (cost(m), m))
+    if m == 1:
+        return None
+    bounds = [j * tiles // m for j in range(m + 1)]
+    items = np.arange(whole, num_items, dtype=np.int32)
+    table = np.array(
+        [(item, bounds[j], bounds[j + 1]) for item in items for j in range(m)], np.int32
+    )
+    rows = np.arange(r * m, dtype=np.int32).reshape(r, m)
+    return PieceSplit(whole, table, items, rows)
+
+
+def sum_pieces(out, pieces, split: PieceSplit, coords, keys: int):
+    """`out` [B, S, K, H] with each split span's keys the sum of its pieces' float32
+    partials (`pieces` [n, keys, H]) in the order of their query tiles; `coords`: the
+    split spans' (batch, key/value head, span)."""
+    part = pieces[split.rows]  # [r, m, keys, H]
+    total = part[:, 0]
+    for j in range(1, part.shape[1]):  # a fixed order: the same bits every call
+        total = total + part[:, j]
+    b, h, span = (np.asarray(x)[:, None] for x in coords)
+    key = span * keys + np.arange(keys)[None, :]
+    return out.at[b, key, h].set(total.astype(out.dtype))
