@@ -117,7 +117,7 @@ FUSED_CASES = [
 # where no mask cuts the spans (`rotated_adds`: GPU interpret mode runs the CTAs in
 # order, so it checks the walks, not the turns: test_rotated_adds_turns does); the
 # writer warp's adds split between two warps, a slot each (`split_writer`), with the
-# halves or the whole share.
+# halves or the whole share; the last wave in pieces (`split_tail`).
 FUSED_VARIANTS = {
     "keys-rows": {},
     "query-rows": {"query_rows": True},
@@ -129,6 +129,9 @@ FUSED_VARIANTS = {
     "writer-warps": {"writer_warp": True, "split_writer": True},
     # The queries on the rows with the two writer warps: the candidate timed at 7a9e602.
     "query-rows-writer-warps": {"query_rows": True, "writer_warp": True, "split_writer": True},
+    # The last wave in pieces (backward._TAIL_SMS pretend SMs; a grid of fewer CTAs is all
+    # pieces), their dK and dV summed after the kernel.
+    "split-tail": {"split_tail": True},
 }
 
 
