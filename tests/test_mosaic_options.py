@@ -361,6 +361,25 @@ def test_interpret_split_tail_matches_the_reference_and_the_whole_items(case):
     )
 
 
+@pytest.mark.extended
+@pytest.mark.parametrize(
+    "flags",
+    [{"o_from_registers": True}, {"o_from_registers": True, "early_q_load": True}],
+    ids=["o-from-registers", "early-q"],
+)
+def test_interpret_split_tail_with_the_persistent_options(flags):
+    """split_tail beside the persistent grid's other options (O stored from registers;
+    the next item's Q loaded during the last step, a piece's last step too): the
+    reference, and the unsplit grid's result within float32 merging."""
+    case = SPLIT_TAIL_CASES[0]
+    config = dataclasses.replace(SMALL, persistent=True, **flags)
+    split = dataclasses.replace(config, split_tail=True)
+    _compare(case, split, interpret=True, seed=4)
+    (o, lse), (o0, lse0) = (_mosaic(case, c, True, seed=4) for c in (split, config))
+    np.testing.assert_allclose(lse, lse0, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(o, np.float32), np.asarray(o0, np.float32), atol=1e-2)
+
+
 @pytest.mark.parametrize(
     "items,sms,tiles", [(12, 5, 2), (2048, 132, 128), (4096, 132, 64), (64, 132, 32)]
 )
