@@ -72,8 +72,7 @@ def forward_costs(config, t: int, b: int, n: int, causal: bool, cta_steps: float
         while (w := int(pipeline.persistent_item(cta, i, ctas, snake=causal))) < items:
             if tail is not None and i == tail.rounds:
                 break  # split_tail: the last round goes in pieces (below)
-            # causal: tile-major from the bottom; else a (batch, head)'s tiles together
-            q = tiles - 1 - w // (n * b) if causal else w % tiles
+            q = split_tail.item_coords(w, n, b, tiles, causal)[2]  # fwd_kernel's item_at
             per_cta[cta] += cost(q) + cta_steps
             i += 1
         for item, lo, hi, valid in tail.pieces[cta] if tail is not None else ():

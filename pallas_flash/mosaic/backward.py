@@ -82,7 +82,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_flash import masks
@@ -365,8 +364,7 @@ def backward(
     )(q_len, kv_len, ranges, *inputs, *order, *(() if tail is None else (tail.table,)))
     dk, dv = outs[:2]
     if tail is not None:  # the split spans' dK and dV: their pieces' sums
-        coords = np.divmod(tail.items, spans * B)
-        coords = (coords[1] % B, coords[0], coords[1] // B)  # (batch, head, span)
+        coords = split_tail.span_coords(tail.items, spans, B)
         dk = split_tail.sum_pieces(dk, outs[-2], tail, coords, keys_dkv)
         dv = split_tail.sum_pieces(dv, outs[-1], tail, coords, keys_dkv)
     if fused:

@@ -31,6 +31,7 @@ from pallas_flash.mosaic.pipeline import (
     bcast,
     element_mask,
     held_zero,
+    piece_range,
     start_from,
     wgmma_products,
     zeros_from,
@@ -109,10 +110,8 @@ def dkdv_kernel(
     lo, full_lo, full_hi, hi = (ranges_ref[b, span, c] for c in range(4))
     if tail:  # a piece walks its own query tiles of them (the masked ones kept masked)
         first, end = pieces_ref[piece, 1], pieces_ref[piece, 2]
-        lo = jnp.where(in_tail, jnp.maximum(lo, first), lo)
-        hi = jnp.where(in_tail, jnp.maximum(jnp.minimum(hi, end), lo), hi)
-        full_lo = jnp.minimum(jnp.maximum(full_lo, lo), hi)
-        full_hi = jnp.maximum(jnp.minimum(full_hi, hi), full_lo)
+        bounds = (lo, full_lo, full_hi, hi)
+        lo, full_lo, full_hi, hi = piece_range(bounds, first, end, in_tail)
     if config.dkdv_q_multicast:
         span = span * 2 + lax.axis_index("cluster")
     n = hi - lo  # query tiles per query head of the group

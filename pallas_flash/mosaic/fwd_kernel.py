@@ -33,6 +33,7 @@ from pallas_flash.mosaic.pipeline import (
     element_mask,
     persistent_item,
     persistent_item_count,
+    piece_range,
     release_slot,
     stream_kv_tiles,
 )
@@ -80,10 +81,10 @@ def fwd_kernel(
     # split_tail (`tail_rounds`: the whole rounds), the pieces' table [P, 2, 4] comes
     # last of the inputs, and the pieces' O and logsumexp last of the outputs.
     refs = list(refs)
-    piece_o_ref, piece_lse_ref = (refs.pop(), refs.pop())[::-1] if tail_rounds else (None,) * 2
-    o_ref, lse_ref = refs[-2:]
-    pieces_ref = refs[-3] if tail_rounds else None
-    q_seg_ref, kv_seg_ref = refs[:2] if len(refs) - 2 - bool(tail_rounds) == 2 else (None, None)
+    piece_o_ref, piece_lse_ref = (refs.pop(-2), refs.pop()) if tail_rounds else (None, None)
+    o_ref, lse_ref = refs.pop(-2), refs.pop()
+    pieces_ref = refs.pop() if tail_rounds else None
+    q_seg_ref, kv_seg_ref = refs if refs else (None, None)
     block_q, block_kv, stages = config.block_q, config.block_kv, config.num_stages
     if config.named_releases:  # the slot releases on hardware named barriers instead
         k_free, v_free = NamedSlots(NAMED_FREE), NamedSlots(NAMED_FREE + stages)
@@ -108,22 +109,12 @@ def fwd_kernel(
         full_lo and from full_hi; a split_tail piece's are its own keys among them.
         `ends_only` (the producer's): (lo, hi), the other two not read."""
         row = range_row(tile)
+        bounds = tuple(ranges_ref[b, row, c] for c in ((0, 3) if ends_only else range(4)))
         if not tail_rounds:
-            if ends_only:
-                return ranges_ref[b, row, 0], ranges_ref[b, row, 3]
-            return tuple(ranges_ref[b, row, c] for c in range(4))
-        lo, full_lo, full_hi, hi = (ranges_ref[b, row, c] for c in range(4))
+            return bounds
         cta, piece = lax.axis_index("cta"), piece_of(i)
         first, end = pieces_ref[cta, piece, 1], pieces_ref[cta, piece, 2]
-        in_tail = i >= tail_rounds
-        lo = jnp.where(in_tail, jnp.maximum(lo, first), lo)
-        hi = jnp.where(in_tail, jnp.maximum(jnp.minimum(hi, end), lo), hi)
-        if ends_only:
-            return lo, hi
-        # the piece's full tiles: the item's, clamped to its keys
-        full_lo = jnp.minimum(jnp.maximum(full_lo, lo), hi)
-        full_hi = jnp.maximum(jnp.minimum(full_hi, hi), full_lo)
-        return lo, full_lo, full_hi, hi
+        return piece_range(bounds, first, end, i >= tail_rounds)
 
     def item_at(i):
         """(batch, head, query tile) of this CTA's work item i. Causal tiles near the

@@ -422,6 +422,20 @@ def sm_count() -> int:
     return getattr(jax.devices()[0], "core_count", None) or 132
 
 
+def piece_range(bounds, first, end, on):
+    """A tile range (lo, hi) or (lo, full_lo, full_hi, hi) cut to a split_tail piece's
+    tiles [first, end) where `on` (traced): the ends clamped, the unmasked tiles the
+    range's within them, so a piece masks exactly the tiles its item would."""
+    lo, *full, hi = bounds
+    lo = jnp.where(on, jnp.maximum(lo, first), lo)
+    hi = jnp.where(on, jnp.maximum(jnp.minimum(hi, end), lo), hi)
+    if not full:
+        return lo, hi
+    full_lo = jnp.minimum(jnp.maximum(full[0], lo), hi)
+    full_hi = jnp.maximum(jnp.minimum(full[1], hi), full_lo)
+    return lo, full_lo, full_hi, hi
+
+
 def pad_to(x, seq: int, head_dim: int):
     """Zero-pads [B, L, heads, H] to [B, seq, heads, head_dim] (no copy when whole)."""
     _, length, _, h = x.shape

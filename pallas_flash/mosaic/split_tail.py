@@ -145,6 +145,14 @@ def even_pieces(num_items: int, sms: int, tiles: int, cta_steps: int = 2) -> Pie
     return PieceSplit(whole, table, items, rows)
 
 
+def span_coords(items: np.ndarray, spans: int, batch: int):
+    """(batch, key/value head, key span) of dK/dV CTAs by launch position, the plain
+    grid (heads, spans, batch) in order: dkdv_kernel's decode of its pieces, on the host."""
+    head, rest = np.divmod(items, spans * batch)
+    span, b = np.divmod(rest, batch)
+    return b, head, span
+
+
 def sum_pieces(out, pieces, split: PieceSplit, coords, keys: int):
     """`out` [B, S, K, H] with each split span's keys the sum of its pieces' float32
     partials (`pieces` [n, keys, H]) in the order of their query tiles; `coords`: the
