@@ -109,5 +109,22 @@ case $call in
     PROFILE_KERNELS=pallas_flash_mosaic_bwd PROFILE_IMPLS=$M PROFILE_DETAILS=1 \
       PROFILE_SECTIONS=MemoryWorkloadAnalysis_Tables,WarpStateStats timeout 200 \
       bash $G "$C" profile-fa:128:8192:false ;;
-  *) echo "next_calls: no call $call (1 to 8)" >&2; exit 2 ;;
+  9) # the forward's next Q K^T issued behind each P V (qk_behind_pv: a step's wgmmas in
+    # one run, where the default awaits P V before the next step issues its Q K^T) beside
+    # the default rows and the two fastest peer forwards: head dim 128 both ways at 2k,
+    # 8k and 16k; head dim 64 with 128-key tiles (a second 256-key score tile does not
+    # fit beside P) beside the default's 256-key row and its 128-key form, 2k and 8k.
+    # Prediction: 1.01-1.04x at 128, where the tensor cores bound the step; then its
+    # compiled bits on the case table, for the time left.
+    FA_PASSES=fwd FA_SEQS=2048,8192,16384 \
+      MOSAIC_FA_IMPLS=$M,$M/qk_behind_pv=true,jax.nn:cudnn,jax:mosaic_fa3 \
+      timeout 200 bash $G "$C" mosaic-fa:128:false mosaic-fa:128:true
+    keep fa-mosaic-128-qk-behind-pv
+    FA_PASSES=fwd FA_SEQS=2048,8192 \
+      MOSAIC_FA_IMPLS=$M,$M/block_kv=128,$M/qk_behind_pv=true/block_kv=128,jax.nn:cudnn,jax:mosaic_fa3 \
+      timeout 170 bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true
+    keep fa-mosaic-64-qk-behind-pv
+    MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=150 MOSAIC_TESTS_K="test_gpu_qk_behind_pv" \
+      bash $G "$C" mosaic-tests ;;
+  *) echo "next_calls: no call $call (1 to 9)" >&2; exit 2 ;;
 esac

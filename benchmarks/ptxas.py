@@ -219,6 +219,20 @@ def _beside_pending(body: list[tuple[int, str, str]]) -> int:
     return sum(b - a - 1 for (a, n), (b, _) in zip(waits, waits[1:]) if n > 0)
 
 
+def _bursts(body: list[tuple[int, str, str]]) -> int:
+    """The runs of wgmmas a step issues with no wgmma wait between them: 2 where it awaits
+    one product before issuing the next (the forward's default step: Q K^T, then P V),
+    1 where it issues both and then waits (MosaicConfig.qk_behind_pv)."""
+    runs, issuing = 0, False
+    for _, op, text in body:
+        if op == "HGMMA":
+            runs += not issuing
+            issuing = True
+        elif _SASS_WAIT.search(text):
+            issuing = False
+    return runs
+
+
 def _loops(lines: list[str]) -> list[dict]:
     """One SASS function's loops (see sass_loops), in address order."""
     labels, code, branches, here = {}, [], [], []
@@ -248,6 +262,7 @@ def _loops(lines: list[str]) -> list[dict]:
                 mix=mix,
                 fresh_wgmmas=fresh,
                 beside_pending=_beside_pending(body),
+                wgmma_runs=_bursts(body),
             )
             if mix.get("local"):
                 loops[(start, end)]["local_traffic"] = _local_traffic(body)
@@ -266,7 +281,8 @@ def sass_loops(sass: str) -> dict[str, list[dict]]:
     accumulator (`fresh_wgmmas`: a fresh accumulator's first wgmma, where ptxas folded
     its zeros rather than moving them into its registers), the instructions it issues
     while one of its wgmma groups is still pending (`beside_pending`: from a wait that
-    leaves some in flight to the next wait), and whether it is innermost
+    leaves some in flight to the next wait), its runs of wgmmas issued with no wait
+    between them (`wgmma_runs`), and whether it is innermost
     (no other loop inside it). An outer loop's count includes its inner loops'; a warp-
     specialised kernel's loops overlap (each step variant, masked or not, branches back
     to its own label and the work-item loop encloses them), so the innermost ones are its

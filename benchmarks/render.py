@@ -494,6 +494,7 @@ def ring_table(rows: list[dict]) -> str:
 _MOSAIC_FLAGS = (
     ("rescale_before_turn", "rescale-early"),
     ("early_k_wait", "k-wait-early"),
+    ("qk_behind_pv", "qk-behind-pv"),
     ("intra_overlap", "overlap"),
     ("persistent", "persistent"),
     ("one_way_turns", "one-way"),

@@ -271,7 +271,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"1": 1, "2": 1, "3": 5, "4": 0, "5": 2, "6": 0, "7": 2, "8": 0}
+_CALL_VARIANTS = {"1": 1, "2": 1, "3": 5, "4": 0, "5": 2, "6": 0, "7": 2, "8": 0, "9": 3}
 
 
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
@@ -311,11 +311,13 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
         assert _one(calls, "-m pytest -m gpu", "test_gpu_fused_is_bitwise")
         assert _one(calls, "-m pytest -m gpu", "test_gpu_span_band_changes_no_bit")
         assert _one(calls, "-m pytest -m gpu", "test_gpu_split_tail")
+    if call == "9":  # qk_behind_pv timed, then its compiled bits
+        assert _one(calls, "-m pytest -m gpu", "test_gpu_qk_behind_pv")
     if call == "6":  # the patch applied to the copy, which the rest of the call ran on
         assert "not again" in (tree / "pallas_flash/mosaic/dq_adds.py").read_text()
         assert _one(calls, "-m pytest -m gpu", "test_gpu_is_bitwise_deterministic")
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):
-    proc, calls, _ = next_calls("9")
-    assert proc.returncode == 2 and "no call 9" in proc.stderr and not calls
+    proc, calls, _ = next_calls("10")
+    assert proc.returncode == 2 and "no call 10" in proc.stderr and not calls

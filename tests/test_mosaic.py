@@ -274,6 +274,7 @@ def test_interpret_never_reads_skipped_tiles():
         pytest.param("multicast", marks=pytest.mark.extended),
         pytest.param("split", marks=pytest.mark.extended),
         pytest.param("split-h256", marks=pytest.mark.extended),
+        pytest.param("behind", marks=pytest.mark.extended),
     ],
 )
 def test_interpret_finds_no_data_race(schedule):
@@ -287,7 +288,8 @@ def test_interpret_finds_no_data_race(schedule):
     with early_q_load (persistent, O from registers), the next Q loads while this item's
     last softmax and P V run and its logsumexp is stored; with split_tail, the last of
     the 4 items in pieces over the 3 CTAs, each piece's logsumexp leaving through the
-    same buffer as a whole item's."""
+    same buffer as a whole item's; with qk_behind_pv (persistent), each K slot is read
+    by the next Q K^T before the V slot of the tile before it is released."""
     from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks  # no public accessor
 
     params = plgpu.InterpretGPUParams(detect_races=True)
@@ -299,6 +301,7 @@ def test_interpret_finds_no_data_race(schedule):
         "multicast": {"kv_multicast": True},
         "early": {"persistent": True, "early_q_load": True, "o_from_registers": True},
         "split": {"persistent": True, "split_tail": True},
+        "behind": {"persistent": True, "early_k_wait": True, "qk_behind_pv": True},
     }
     config = MosaicConfig(
         block_q=64, block_kv=64, num_stages=2, **flags.get(schedule.split("-")[0], {})
@@ -514,6 +517,19 @@ def test_gpu_early_q_load_changes_no_bit(case, flags):
     persistent = dataclasses.replace(row, persistent=True)
     changed = dataclasses.replace(persistent, o_from_registers=True, early_q_load=flags == "both")
     _changed_no_bit(case, persistent, changed, interpret=False, seed=seed_of(case))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_qk_behind_pv_changes_no_bit(case):
+    """qk_behind_pv compiled on the call's default row (at head dim 64, whose 256-key
+    score tiles leave no registers for a second one beside P, with 128-key tiles):
+    the next Q K^T issued behind each P V computes the same scores, so the bits are
+    the row's, and the reference passes."""
+    row = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
+    row = dataclasses.replace(row, block_kv=min(row.block_kv, 128))
+    behind = dataclasses.replace(row, qk_behind_pv=True)
+    _changed_no_bit(case, row, behind, interpret=False, seed=seed_of(case))
 
 
 @pytest.mark.gpu

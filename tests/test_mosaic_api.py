@@ -90,6 +90,8 @@ def test_forward_config_validation():
         MosaicConfig(kv_multicast=True, persistent=True)
     with pytest.raises(ValueError, match="early_q_load .* needs persistent"):
         MosaicConfig(early_q_load=True)
+    with pytest.raises(ValueError, match="qk_behind_pv .* needs early_k_wait"):
+        MosaicConfig(qk_behind_pv=True)
     with pytest.raises(ValueError, match="split_tail .* needs persistent"):
         MosaicConfig(split_tail=True)
     for slack in (-1.0, 64, True, "8"):

@@ -104,6 +104,46 @@ def test_interpret_early_q_load_changes_no_bit(case, flags):
     _changed_no_bit(case, persistent, changed, interpret=True, seed=4)
 
 
+# The next Q K^T issued behind each P V (qk_behind_pv): a different walk over the same
+# tiles (the first tile's scores before the loop, the last step alone, masked or not as
+# its tile is), so the outputs are the default's bits: rows that see no key, empty batch
+# elements (no tile: the walk is skipped), one key tile (the last step is the only one),
+# a window, one query row, head dim 256, unsorted segment ids (every tile masked).
+BEHIND_CASES = [INTERPRET_CASES[i] for i in (0, 2, 3, 5, 6, 7, 11)] + [
+    Case(1, 70, 60, 2, 1, 64, BF16)
+]
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("case", BEHIND_CASES, ids=lambda c: c.id)
+def test_interpret_qk_behind_pv_changes_no_bit(case):
+    config = dataclasses.replace(SMALL, early_k_wait=True)
+    _changed_no_bit(case, config, dataclasses.replace(config, qk_behind_pv=True), True, seed=8)
+
+
+# qk_behind_pv beside the options a default row carries with it, and the others of the
+# plain schedule: the persistent grid (with its last round split, and with the next Q
+# loaded in the last step), the row sums on the tensor cores and the conditional rescale,
+# three consumers, clusters sharing K/V loads.
+@pytest.mark.extended
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"persistent": True},
+        {"persistent": True, "split_tail": True},
+        {"persistent": True, "early_q_load": True, "o_from_registers": True},
+        {"row_sum_wgmma": True, "rescale_slack": 8.0},
+        {"consumers": 3, "named_turns": True},
+        {"kv_multicast": True},
+    ],
+    ids=["persistent", "split-tail", "early-q", "row-sums-slack", "three-consumers", "multicast"],
+)
+def test_interpret_qk_behind_pv_with_the_other_options(flags):
+    case = INTERPRET_CASES[4]  # causal GQA, ragged lengths, rows that see no key
+    config = dataclasses.replace(SMALL, early_k_wait=True, **flags)
+    _changed_no_bit(case, config, dataclasses.replace(config, qk_behind_pv=True), True, seed=9)
+
+
 def test_exp2_poly_matches_exp2():
     """softmax.exp2_poly (its jnp form) against float64 2^x: relative error below
     8e-5 for x from 0 down to -125 (a probability's exponent is at most 0; below 2^-126

@@ -181,6 +181,17 @@ class MosaicConfig:
       and tokamax do), instead of at the top of the next step, where the wait sits
       between our turn and the next Q K^T. On at every head dim: the sweeps measured
       1.05-1.09x at 64 and 128 and 1.05x / 1.01x at 256 (module docstring).
+    qk_behind_pv: in each turn, the next tile's Q K^T is issued right behind this
+      tile's P V and the two are awaited together (FA3's paper, Fig. 1: a warpgroup's
+      GEMM1 then its next GEMM0), rather than P V awaited before the next step issues
+      its Q K^T: between the two, the tensor cores had nothing of this consumer's while
+      it saw P V complete, released the V slot, looped and built the next descriptors
+      (about 20 instructions and a wait's latency in the SASS at head dim 128, a turn
+      the other consumer cannot take). The turns are the same, in the same order; the
+      registers held while both run (O, P, the next scores) are what the softmax holds
+      already. Awaits the next K tile behind P V: needs early_k_wait. The scores of a
+      tile are computed once and in the same way, so the outputs are the same bits.
+      Off: not yet timed (docs/mosaic.md, "The next Q K^T behind P V").
     intra_overlap: FA3's intra-warpgroup pipelining: tile j's Q K^T and tile j - 1's
       P V are issued together and tile j's softmax runs while that P V does (neither
       JAX's Mosaic FA3 nor tokamax does; FA3's ablation credits it with about 13 % at
@@ -398,6 +409,7 @@ class MosaicConfig:
     p_in_registers: bool = True
     rescale_before_turn: bool = False
     early_k_wait: bool = False
+    qk_behind_pv: bool = False
     intra_overlap: bool = False
     persistent: bool = False
     row_bound_mask: bool = True
@@ -475,6 +487,11 @@ class MosaicConfig:
             raise ValueError(
                 "intra_overlap is a schedule of its own: it takes neither "
                 "rescale_before_turn nor early_k_wait"
+            )
+        if self.qk_behind_pv and not self.early_k_wait:
+            raise ValueError(
+                "qk_behind_pv awaits the next K tile behind P V, as early_k_wait does: it "
+                "needs early_k_wait (and so not intra_overlap)"
             )
         if self.intra_overlap and self.persistent:
             raise ValueError("intra_overlap is a schedule of its own: not with persistent")

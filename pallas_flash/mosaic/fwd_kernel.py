@@ -287,12 +287,21 @@ def fwd_kernel(
 
                 return pl.run_scoped(qk, plgpu.ACC((block_q, block_kv), jnp.float32))
 
-            def accumulate_pv(acc, p, slot, after_issue=lambda: None, l_acc=None):
+            def accumulate_pv(
+                acc, p, slot, after_issue=lambda: None, l_acc=None, next_slot=None, s=None
+            ):
                 """acc + P V of the V tile in `slot` (and, with `l_acc`, l_acc + P times a
                 tile of ones: row_sum_wgmma's row sums; then a pair). P in registers (an
                 array) accumulates in place; P staged in shared memory (a ref: GPU interpret
                 mode's form) goes into fresh accumulators that are added. `after_issue` runs
-                while the wgmmas do."""
+                while the wgmmas do. With `next_slot` (qk_behind_pv), the Q K^T of the K
+                tile there (landed) is issued first and the P V behind it, the other
+                consumer met, and all awaited together; returned as (that, the next
+                scores) (`s`: this step's scores, whose registers the next ones may take).
+                Q K^T goes first so that its accumulator's zeroing is next to its first
+                wgmma, which ptxas then folds into it (`RZ, !UPT`); behind P V, or after
+                the K wait's branch, ptxas zeroed the 64 registers with 128 moves a step
+                at head dim 128."""
 
                 # The row sums: each 64 keys of P times the same [64, 8] of ones, so that
                 # the ones' wgmma descriptors are the same four in every step and for every
@@ -307,29 +316,57 @@ def fwd_kernel(
                     after_issue()
 
                 accs = (acc,) if l_acc is None else (acc, l_acc)
-                if config.p_in_registers:
+                scores = plgpu.ACC((block_q, block_kv), jnp.float32)
+                if config.p_in_registers and next_slot is None:
                     # run_state awaits the wgmmas before returning the accumulators.
                     out = pl.run_state(lambda refs: issue(refs, lambda keys: p[:, keys]))(
                         tuple(plgpu.ACC.init(a) for a in accs)
                     )
+                elif config.p_in_registers:
+
+                    def pv_then_qk(refs):  # the last ref carries the next scores out
+                        def scoped(s_ref):
+                            issue_qk(s_ref, next_slot)
+                            issue(refs[:-1], lambda keys: p[:, keys])
+                            pingpong.meet()  # ours are issued: the other may issue its own
+                            refs[-1][...] = s_ref[...]  # awaits every wgmma issued
+
+                        pl.run_scoped(scoped, scores)
+
+                    out = pl.run_state(pv_then_qk)((*(plgpu.ACC.init(a) for a in accs), s))
                 else:
 
                     def pv_fresh(*acc_refs):
-                        issue(acc_refs, lambda keys: p.at[:, keys])
+                        if next_slot is None:
+                            issue(acc_refs, lambda keys: p.at[:, keys])
+                            return tuple(acc_ref[...] for acc_ref in acc_refs)
+                        issue_qk(acc_refs[-1], next_slot)
+                        issue(acc_refs[:-1], lambda keys: p.at[:, keys])
+                        pingpong.meet()  # ours are issued: the other may issue its own
                         return tuple(acc_ref[...] for acc_ref in acc_refs)
 
-                    fresh = (plgpu.ACC(a.shape, jnp.float32) for a in accs)
-                    out = [a + d for a, d in zip(accs, pl.run_scoped(pv_fresh, *fresh))]
-                return tuple(out) if l_acc is not None else out[0]
+                    fresh = [plgpu.ACC(a.shape, jnp.float32) for a in accs]
+                    out = pl.run_scoped(pv_fresh, *fresh, *([] if next_slot is None else [scores]))
+                    out = [a + d for a, d in zip(accs, out)] + list(out[len(accs) :])
+                pv = tuple(out[: len(accs)]) if l_acc is not None else out[0]
+                return pv if next_slot is None else (pv, out[-1])
 
-            def body(j, carry, *, masked: bool):
-                acc, m_i, l_i = carry
+            def body(j, carry, *, masked: bool, chained: bool = False, last: bool = False):
+                """Tile j's step. `chained` (qk_behind_pv): its scores came in the carry
+                with the last step's P V, and this one's issues tile j + 1's behind its
+                own but for the `last` step."""
                 slot = slot_of(j)
-                if not config.early_k_wait:
-                    plgpu.barrier_wait(k_ready.at[slot])
-                s = qk_scores(slot)
-                if config.early_q_load:  # Q is read no more: the next item's may load
-                    pl.when((j == hi - 1) & (i + 1 < count))(lambda: load_q(i + 1))
+                if chained:
+                    acc, m_i, l_i, s = carry
+                else:
+                    acc, m_i, l_i = carry
+                    if not config.early_k_wait:
+                        plgpu.barrier_wait(k_ready.at[slot])
+                    s = qk_scores(slot)
+                if config.early_q_load and (last or not chained):
+                    # Q is read no more (its last Q K^T is awaited): the next item's may load
+                    more = i + 1 < count
+                    pl.when(more if chained else (j == hi - 1) & more)(lambda: load_q(i + 1))
                 keep = release_k(j, slot, s.shape, masked)
                 p, m_i, l_i, alpha, rescaled = softmax(
                     s, m_i, l_i, c, keep
@@ -358,6 +395,8 @@ def fwd_kernel(
                     acc, p, m_i, l_i = lax.optimization_barrier((acc, p, m_i, l_i))
                 pingpong.elementwise_done()  # softmax done: the other may start its own
                 plgpu.barrier_wait(v_ready.at[slot])
+                if chained and not last:  # the next Q K^T's K, before the turn (j + 1 < hi)
+                    plgpu.barrier_wait(k_ready.at[slot_of(j + 1)])
                 pingpong.my_turn()  # our turn: P V, then the next Q K^T
                 if not config.rescale_before_turn:
                     acc, l_i, p = rescale(acc, l_i, p)
@@ -365,13 +404,20 @@ def fwd_kernel(
                     p_smem.at[wg][...] = p
                     plgpu.commit_smem()  # make the stores visible to the wgmma's async reads
                     p = p_smem.at[wg]
-                after = (lambda: wait_next_k(j)) if config.early_k_wait else (lambda: None)
+                # (chained, the next K was awaited above, or there is none)
+                early = config.early_k_wait and not chained
+                after = (lambda: wait_next_k(j)) if early else (lambda: None)
+                next_slot = slot_of(j + 1) if chained and not last else None
+                l_acc = l_i if config.row_sum_wgmma else None
+                out = accumulate_pv(acc, p, slot, after, l_acc, next_slot=next_slot, s=s)
+                if next_slot is not None:
+                    out, s = out
                 if config.row_sum_wgmma:
-                    acc, l_i = accumulate_pv(acc, p, slot, after, l_acc=l_i)
+                    acc, l_i = out
                 else:
-                    acc = accumulate_pv(acc, p, slot, after)
+                    acc = out
                 release_slot(v_free, slot)
-                return acc, m_i, l_i
+                return (acc, m_i, l_i, s) if chained else (acc, m_i, l_i)
 
             # intra_overlap: FA3's intra-warpgroup pipelining (Shah et al., 2024, Sec. 3.2).
             # Tile j's Q K^T and tile j - 1's P V are issued together; the softmax of tile j
@@ -586,7 +632,27 @@ def fwd_kernel(
                     # too held each SM for a round trip to memory per CTA.
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-            if not config.intra_overlap:
+            def chained(carry):
+                """qk_behind_pv's walk (hi > lo): tile lo's scores first; each step but the
+                last issues the next tile's Q K^T behind its P V; the last only its P V,
+                masked or not as the tile is."""
+                carry = (*carry, qk_scores(slot_of(lo)))
+                last = hi - 1
+                step = functools.partial(body, chained=True)
+                a, b = jnp.minimum(full_lo, last), jnp.minimum(full_hi, last)
+                carry = lax.fori_loop(lo, a, functools.partial(step, masked=True), carry)
+                carry = lax.fori_loop(a, b, functools.partial(step, masked=False), carry)
+                carry = lax.fori_loop(b, last, functools.partial(step, masked=True), carry)
+
+                def final(masked):
+                    return lambda carry: step(last, carry, masked=masked, last=True)[:3]
+
+                edge = (last < full_lo) | (last >= full_hi)
+                return lax.cond(edge, final(True), final(False), carry)
+
+            if config.qk_behind_pv:
+                finish(*lax.cond(hi > lo, chained, lambda carry: carry, carry))
+            elif not config.intra_overlap:
                 carry = lax.fori_loop(lo, full_lo, functools.partial(body, masked=True), carry)
                 carry = lax.fori_loop(
                     full_lo, full_hi, functools.partial(body, masked=False), carry
