@@ -67,6 +67,24 @@ def test_rescale_slack_lowers_for_hopper():
     assert (votes, votes8) == (0, 3) and switches8 == switches + 3 and muls8 == muls
 
 
+def test_qk_behind_pv_lowers_for_hopper():
+    """qk_behind_pv lowered for sm_90 on head dim 128's persistent default row, alone and
+    with split_tail: tile lo's Q K^T before the tile loops (8 wgmmas: 4 with Q from
+    registers, 4 from shared memory), each loop's step both products (16, as the
+    default's: 3 x 16 = 48) and the last step's P V alone, masked and not (8 each): 72;
+    the turn handed over (bar.arrive) after tile lo's Q K^T and in each loop's step."""
+    from benchmarks import lowered_ops
+
+    row = default_mosaic_config(128, 8192, False)
+    counts = []
+    for flags in ({}, {"qk_behind_pv": True}, {"qk_behind_pv": True, "split_tail": True}):
+        config = dataclasses.replace(row, **flags)
+        (module,) = lowered_ops.forward_modules(config, masks.MaskSpec(), 128, 8192)
+        text = lowered_ops.module_text(module)
+        counts.append(tuple(text.count(op) for op in ("wgmma.mma_async", "bar.arrive")))
+    assert counts == [(48, 3), (72, 4), (72, 4)]
+
+
 def test_three_consumers_lower_for_hopper():
     """consumers=3 lowered for sm_90 (head dim 64's row with 128-key tiles): four
     warpgroups (512 threads), the producer down to 32 registers and the consumers up to

@@ -189,9 +189,11 @@ class MosaicConfig:
       (about 20 instructions and a wait's latency in the SASS at head dim 128, a turn
       the other consumer cannot take). The turns are the same, in the same order; the
       registers held while both run (O, P, the next scores) are what the softmax holds
-      already. Awaits the next K tile behind P V: needs early_k_wait. The scores of a
-      tile are computed once and in the same way, so the outputs are the same bits.
-      Off: not yet timed (docs/mosaic.md, "The next Q K^T behind P V").
+      already, which fits at head dims 128 and 256 and at 64 with 128-key tiles; with
+      256-key tiles at 64, or three consumers' 160 registers, ptxas serializes every
+      wgmma (C7511). The next K tile is awaited before the turn: needs early_k_wait.
+      The scores of a tile are computed once and in the same way, so the outputs are
+      the same bits. Off: not yet timed (docs/mosaic.md, "The next Q K^T behind P V").
     intra_overlap: FA3's intra-warpgroup pipelining: tile j's Q K^T and tile j - 1's
       P V are issued together and tile j's softmax runs while that P V does (neither
       JAX's Mosaic FA3 nor tokamax does; FA3's ablation credits it with about 13 % at
