@@ -191,6 +191,8 @@ PIPELINES = [
     MosaicConfig(block_q=64, block_kv=64, num_stages=2, rescale_before_turn=True),
     MosaicConfig(block_q=64, block_kv=64, num_stages=2, early_k_wait=True),
     MosaicConfig(block_q=64, block_kv=64, num_stages=1, early_k_wait=True),
+    MosaicConfig(block_q=64, block_kv=64, num_stages=1, early_k_wait=True, qk_behind_pv=True),
+    MosaicConfig(block_q=128, block_kv=64, num_stages=3, early_k_wait=True, qk_behind_pv=True),
     MosaicConfig(block_q=64, block_kv=64, num_stages=2, intra_overlap=True),
     MosaicConfig(block_q=64, block_kv=64, num_stages=1, intra_overlap=True),
     MosaicConfig(block_q=64, block_kv=64, num_stages=2, schedule_barrier=False, intra_overlap=True),
@@ -201,6 +203,7 @@ def _config_id(c: MosaicConfig) -> str:
     extra = ("" if c.schedule_barrier else "-no-pingpong") + ("" if c.p_in_registers else "-p-smem")
     extra += "-rescale-early" if c.rescale_before_turn else ""
     extra += "-k-wait-early" if c.early_k_wait else ""
+    extra += "-qk-behind-pv" if c.qk_behind_pv else ""
     extra += "-overlap" if c.intra_overlap else ""
     return f"q{c.block_q}-kv{c.block_kv}-stages{c.num_stages}{extra}"
 
