@@ -124,7 +124,7 @@ def test_interpret_qk_behind_pv_changes_no_bit(case):
 # qk_behind_pv beside the options a default row carries with it, and the others of the
 # plain schedule: the persistent grid (with its last round split, and with the next Q
 # loaded in the last step), the row sums on the tensor cores and the conditional rescale,
-# three consumers, clusters sharing K/V loads.
+# the rescale before the turn, three consumers, clusters sharing K/V loads.
 @pytest.mark.extended
 @pytest.mark.parametrize(
     "flags",
@@ -133,10 +133,19 @@ def test_interpret_qk_behind_pv_changes_no_bit(case):
         {"persistent": True, "split_tail": True},
         {"persistent": True, "early_q_load": True, "o_from_registers": True},
         {"row_sum_wgmma": True, "rescale_slack": 8.0},
+        {"rescale_before_turn": True},
         {"consumers": 3, "named_turns": True},
         {"kv_multicast": True},
     ],
-    ids=["persistent", "split-tail", "early-q", "row-sums-slack", "three-consumers", "multicast"],
+    ids=[
+        "persistent",
+        "split-tail",
+        "early-q",
+        "row-sums-slack",
+        "rescale-early",
+        "three-consumers",
+        "multicast",
+    ],
 )
 def test_interpret_qk_behind_pv_with_the_other_options(flags):
     case = INTERPRET_CASES[4]  # causal GQA, ragged lengths, rows that see no key
