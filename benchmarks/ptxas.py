@@ -219,7 +219,7 @@ def _beside_pending(body: list[tuple[int, str, str]]) -> int:
     return sum(b - a - 1 for (a, n), (b, _) in zip(waits, waits[1:]) if n > 0)
 
 
-def _bursts(body: list[tuple[int, str, str]]) -> int:
+def _wgmma_runs(body: list[tuple[int, str, str]]) -> int:
     """The runs of wgmmas a step issues with no wgmma wait between them: 2 where it awaits
     one product before issuing the next (the forward's default step: Q K^T, then P V),
     1 where it issues both and then waits (MosaicConfig.qk_behind_pv)."""
@@ -262,7 +262,7 @@ def _loops(lines: list[str]) -> list[dict]:
                 mix=mix,
                 fresh_wgmmas=fresh,
                 beside_pending=_beside_pending(body),
-                wgmma_runs=_bursts(body),
+                wgmma_runs=_wgmma_runs(body),
             )
             if mix.get("local"):
                 loops[(start, end)]["local_traffic"] = _local_traffic(body)

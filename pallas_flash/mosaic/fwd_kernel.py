@@ -315,8 +315,17 @@ def fwd_kernel(
                             plgpu.wgmma(acc_refs[1], p_chunk(keys), ones)
                     after_issue()
 
+                def issue_step(pv_refs, s_ref, p_chunk):
+                    """The step's products; with `s_ref` (qk_behind_pv), the next tile's Q
+                    K^T first, and the other consumer met once all are issued."""
+                    if s_ref is not None:
+                        issue_qk(s_ref, next_slot)
+                    issue(pv_refs, p_chunk)
+                    if s_ref is not None:
+                        pingpong.meet()  # ours are issued: the other may issue its own
+
                 accs = (acc,) if l_acc is None else (acc, l_acc)
-                scores = plgpu.ACC((block_q, block_kv), jnp.float32)
+                scores = () if next_slot is None else (plgpu.ACC((block_q, block_kv), jnp.float32),)
                 if config.p_in_registers and next_slot is None:
                     # run_state awaits the wgmmas before returning the accumulators.
                     out = pl.run_state(lambda refs: issue(refs, lambda keys: p[:, keys]))(
@@ -326,27 +335,21 @@ def fwd_kernel(
 
                     def pv_then_qk(refs):  # the last ref carries the next scores out
                         def scoped(s_ref):
-                            issue_qk(s_ref, next_slot)
-                            issue(refs[:-1], lambda keys: p[:, keys])
-                            pingpong.meet()  # ours are issued: the other may issue its own
+                            issue_step(refs[:-1], s_ref, lambda keys: p[:, keys])
                             refs[-1][...] = s_ref[...]  # awaits every wgmma issued
 
-                        pl.run_scoped(scoped, scores)
+                        pl.run_scoped(scoped, *scores)
 
                     out = pl.run_state(pv_then_qk)((*(plgpu.ACC.init(a) for a in accs), s))
                 else:
 
-                    def pv_fresh(*acc_refs):
-                        if next_slot is None:
-                            issue(acc_refs, lambda keys: p.at[:, keys])
-                            return tuple(acc_ref[...] for acc_ref in acc_refs)
-                        issue_qk(acc_refs[-1], next_slot)
-                        issue(acc_refs[:-1], lambda keys: p.at[:, keys])
-                        pingpong.meet()  # ours are issued: the other may issue its own
-                        return tuple(acc_ref[...] for acc_ref in acc_refs)
+                    def pv_fresh(*refs):  # the accumulators' products (and the next scores)
+                        s_ref = refs[len(accs)] if scores else None
+                        issue_step(refs[: len(accs)], s_ref, lambda keys: p.at[:, keys])
+                        return tuple(ref[...] for ref in refs)
 
                     fresh = [plgpu.ACC(a.shape, jnp.float32) for a in accs]
-                    out = pl.run_scoped(pv_fresh, *fresh, *([] if next_slot is None else [scores]))
+                    out = pl.run_scoped(pv_fresh, *fresh, *scores)
                     out = [a + d for a, d in zip(accs, out)] + list(out[len(accs) :])
                 pv = tuple(out[: len(accs)]) if l_acc is not None else out[0]
                 return pv if next_slot is None else (pv, out[-1])
