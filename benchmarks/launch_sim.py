@@ -143,7 +143,9 @@ def report(
     units = "items on 132 CTAs" if fwd.persistent else "CTAs"
     items = n * _ceil(seq, fwd.consumers * fwd.block_q) * b
     line = f"h{head_dim} n{n} {'causal' if causal else 'full  '} {seq:>5}: fwd {items} {units}"
-    for config in (fwd, dataclasses.replace(fwd, split_tail=True)) if fwd.persistent else (fwd,):
+    # A persistent row whole and split (whichever the default is: SPLIT_TAIL_64).
+    whole = (dataclasses.replace(fwd, split_tail=False),)
+    for config in whole + (dataclasses.replace(fwd, split_tail=True),) if fwd.persistent else whole:
         costs = forward_costs(config, seq, b, n, causal, cta_steps)
         work, end = fill(costs) if not config.persistent else (sum(costs), max(costs))
         line += f"{' split' if config.split_tail else ''} fill {work / (H100_SMS * end):.3f}"

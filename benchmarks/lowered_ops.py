@@ -254,7 +254,8 @@ def peer_forward_modules(head_dim: int, seq: int) -> dict[str, list[bytes]]:
     """Forward kernel modules lowered for sm_90, non-causal, B=1, 2 heads: ours (the
     default row's tiles, one CTA per tile), JAX's Mosaic FA3 and, where the peer wheels
     import, tokamax's Mosaic forward, both with our row's block_q, block_kv and stages."""
-    ours = dataclasses.replace(default_mosaic_config(head_dim, seq, False), persistent=False)
+    row = default_mosaic_config(head_dim, seq, False)
+    ours = dataclasses.replace(row, persistent=False, split_tail=False)
     out = {"pallas_flash:mosaic": forward_modules(ours, masks.MaskSpec(), head_dim, seq)}
     with _fa3_without_cuda_runtime() as fa3:
         tuning = fa3.TuningConfig(

@@ -271,7 +271,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"1": 1, "2": 1, "3": 5, "4": 0, "5": 2, "6": 0, "7": 2, "8": 0, "9": 3}
+_CALL_VARIANTS = {"1": 1, "2": 0, "3": 4, "4": 2, "5": 0, "6": 2, "7": 0}
 
 
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
@@ -288,7 +288,7 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
     proc, calls, tree = next_calls(call)
     assert proc.returncode == 0, proc.stderr
     benches = [c for c in calls if "-m benchmarks.bench" in c or "-m benchmarks.profile" in c]
-    assert benches or call == "4", calls  # call 4 runs compiled tests only
+    assert benches or call == "2", calls  # call 2 runs compiled tests only
     variants = set()
     for line in benches:
         head_dims = [int(h) for h in (_option(line, "--head-dims") or "128").split(",")]
@@ -304,20 +304,17 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
                 assert fwd.smem_bytes(padded_head_dim(h)) <= SMEM_BYTES, (name, h)
                 check_fits(bwd, padded_head_dim(h))
     assert len(variants) == _CALL_VARIANTS[call], variants
-    if call == "2":  # the waves' probe: the grid's 32 heads beside 33, every step
-        assert len(benches) == 2 and all(_option(b, "--heads") == "32,33" for b in benches)
-    if call == "4":  # span_band's bits, the defaults' determinism tests, the fused kernel's
-        assert _one(calls, "-m pytest -m gpu", "test_gpu_is_bitwise_deterministic")
-        assert _one(calls, "-m pytest -m gpu", "test_gpu_fused_is_bitwise")
+    if call == "2":  # the new defaults' compiled tests: the forward's rows as the API
+        # picks them at head dim 64, bands of 4 heads' bits, the defaults' determinism
+        assert _one(calls, "-m pytest -m gpu", "test_gpu_default_for_the_call and h64")
         assert _one(calls, "-m pytest -m gpu", "test_gpu_span_band_changes_no_bit")
-        assert _one(calls, "-m pytest -m gpu", "test_gpu_split_tail")
-    if call == "9":  # qk_behind_pv timed, then its compiled bits
-        assert _one(calls, "-m pytest -m gpu", "test_gpu_qk_behind_pv")
-    if call == "6":  # the patch applied to the copy, which the rest of the call ran on
+        assert _one(calls, "-m pytest -m gpu", "test_gpu_split_tail_matches_reference")
+        assert _one(calls, "-m pytest -m gpu", "test_gpu_is_bitwise_deterministic")
+    if call == "5":  # the patch applied to the copy, which the rest of the call ran on
         assert "not again" in (tree / "pallas_flash/mosaic/dq_adds.py").read_text()
         assert _one(calls, "-m pytest -m gpu", "test_gpu_is_bitwise_deterministic")
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):
-    proc, calls, _ = next_calls("10")
-    assert proc.returncode == 2 and "no call 10" in proc.stderr and not calls
+    proc, calls, _ = next_calls("8")
+    assert proc.returncode == 2 and "no call 8" in proc.stderr and not calls

@@ -322,15 +322,15 @@ def test_interpret_default_for_the_call(head_dim, causal):
     """The rows chosen by the call's length and causal flag, on a short GQA call with
     ragged lengths: head dim 64 causal (128-key tiles, one CTA per item), 256
     non-causal (persistent, O through Q's buffer) and 64 non-causal (persistent, 256-key
-    tiles, the row sums on the tensor cores). P from shared memory (the interpreter's
-    form)."""
+    tiles, the row sums on the tensor cores, the last round in pieces: 16 items on the
+    3 interpret CTAs). P from shared memory (the interpreter's form)."""
     case = Case(2, 130, 300, 4, 2, head_dim, BF16, causal=causal, kv_lens=(300, 170))
     config = default_mosaic_config(head_dim, case.seq_kv, causal)
     assert config.persistent == (head_dim == 256 or not causal)
     assert (
         config.block_kv == {(64, True): 128, (256, False): 64, (64, False): 256}[head_dim, causal]
     )
-    assert config.row_sum_wgmma == (head_dim == 64 and not causal)
+    assert config.row_sum_wgmma == config.split_tail == (head_dim == 64 and not causal)
     _compare(case, dataclasses.replace(config, p_in_registers=False), interpret=True)
 
 
@@ -488,7 +488,7 @@ def test_gpu_kv_multicast_changes_no_bit(case):
     multicast, cluster barriers): the call's default row without the persistent grid
     gives the same bits with it, and it passes the reference."""
     default = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
-    config = dataclasses.replace(default, persistent=False)
+    config = dataclasses.replace(default, persistent=False, split_tail=False)
     multicast = dataclasses.replace(config, kv_multicast=True)
     _changed_no_bit(case, config, multicast, interpret=False, seed=seed_of(case))
 
@@ -602,11 +602,13 @@ def test_gpu_persistent_matches_reference(case):
 
 # More items than a GPU has SMs, not a multiple of them, so that the last round splits:
 # head dims 64 and 128 non-causal (their rows are persistent), GQA, a ragged key length;
-# causal with rows that see no key (bottom-right), head dim 256 (O through Q's buffer).
+# causal with rows that see no key (bottom-right), head dim 256 (O through Q's buffer);
+# a window without the causal mask at head dim 64 (256 items), whose default row splits.
 SPLIT_TAIL_GPU_CASES = [
     Case(2, 2048, 2000, 8, 2, 128, BF16, kv_lens=(2000, 1100)),
     Case(3, 1500, 1700, 8, 8, 64, F16),
     Case(2, 1000, 800, 16, 4, 256, BF16, causal=True, bottom_right=True),
+    Case(2, 2048, 2048, 8, 4, 64, BF16, window=(300, 300)),
 ]
 
 

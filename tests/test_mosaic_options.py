@@ -386,11 +386,15 @@ def test_split_tail_merge_is_the_softmax_over_all_keys():
 
 # Items the 3 interpret CTAs do not divide: 8 items (2 whole rounds, 2 items in pieces,
 # one CTA's run across both), GQA with a ragged key length; causal with ragged lengths
-# and rows that see no key; head dim 256, whose O leaves through Q's buffer (4 items).
+# and rows that see no key; head dim 256, whose O leaves through Q's buffer (4 items);
+# and the masks the head-dim-64 non-causal default (split since SPLIT_TAIL_64) takes
+# besides: a window without the causal mask, and packed documents (8 items each).
 SPLIT_TAIL_CASES = [
     Case(2, 130, 300, 2, 1, 64, BF16, kv_lens=(300, 170)),
     INTERPRET_CASES[4],
     Case(1, 130, 100, 2, 1, 256, BF16, causal=True),
+    Case(2, 130, 300, 2, 1, 64, BF16, window=(40, 40)),
+    INTERPRET_CASES[9],
 ]
 
 

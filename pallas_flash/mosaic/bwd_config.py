@@ -8,10 +8,11 @@ and a TMA producer; shared memory from `smem_bytes_*`, operands in registers):
 |----------|-------------------------------------------|-------------------------------------------|
 | 64, causal | 2 x 64, 128, 3: 137,304 (bound)         | 2 x 64, 128, 2: 102,480 (bound)           |
 | 64, not causal | fused: 2 x 64, 128, 2: 201,848 (bound) | none: the fused kernel adds dQ |
-| 128      | fused: 2 x 64, 64, 2: 217,208 (bound)     | none: the fused kernel adds dQ itself     |
+| 128      | fused: 2 x 64, 64, 2: 217,208 (bound) (1) | none: the fused kernel adds dQ itself |
 | 192      | 1 x 64 (split, P^T handed over), 64, 2: 165,968 | 1 x 64, 64, 2: 149,576 bytes |
 | 256      | 1 x 64 (split, P^T handed over), 64, 2: 215,120 | 1 x 64, 64, 2: 198,728 bytes |
 
+(1) Causal calls launch its key spans in bands of 4 heads (BWD_CAUSAL_SPAN_BAND).
 (Shared memory as Mosaic GPU's lowering reports it, operands in registers, with the
 hand-over's 16,400 bytes at 192 and 256 added by `smem_bytes_dkv`'s count; staged
 through shared memory, each kernel adds warpgroups x 64 x 64 x 2 bytes, and at 192 and
@@ -342,8 +343,8 @@ class MosaicBwdConfig:
       the plain order at head dim 128 causal 16k / 8k / 4k, and 0.995x / 0.92x /
       0.93x at 64 (docs/mosaic.md, "Launch order of the backward's key spans").
       Checked in GPU interpret mode (the same bits); not with rotated_adds (whose
-      turns need a head's spans resident together). 1; bands of 2 and 4 not yet
-      timed.
+      turns need a head's spans resident together). 4 in the causal fused row
+      (BWD_CAUSAL_SPAN_BAND: 1.004-1.027x at 4k-16k on an H100), else 1.
     split_tail: the dK/dV (or fused) kernel's last wave (when the GPU's SMs do not divide
       its CTAs) split by query tiles over every SM (mosaic/split_tail.py, even_pieces):
       the whole CTAs run in the plain launch order on a grid of one axis, then each CTA
@@ -763,12 +764,29 @@ def fused_full_bwd_config(head_dim: int) -> MosaicBwdConfig:
     )
 
 
+# The causal fused row (padded head dim 128) launches its key spans in bands of 4
+# key/value heads (span_band), since 00676b3's runs: beside the plain order in one process
+# on an H100 (the tool lent no H200; results/mosaic-00676b3/
+# fa-mosaic-128-true-span-band.jsonl; bf16, B x T = 16k, backward TFLOP/s) 433.7 / 494.2
+# / 508.7 against 431.9 / 481.1 / 498.3 at 4k / 8k / 16k (1.004x / 1.027x / 1.021x;
+# bands of 2 1.010x / 0.984x / 1.010x; cuDNN 408.5 / 466.0 / 508.3). Compiled, bands of
+# 2 gave the plain order's bits on the 25 fused case-table rows (mosaic-tests-call-4.log,
+# test_gpu_span_band_changes_no_bit); a band's width changes only which CTA the launch
+# index names (MosaicBwdConfig.span_band), and that test now takes bands of 4.
+BWD_CAUSAL_SPAN_BAND = 4
+
+
 def default_mosaic_bwd_config(head_dim: int, causal: bool) -> MosaicBwdConfig:
     """The backward default table's row for this head dim and causality (16-bit inputs
     only): the fused kernel at padded head dim 128, and at 64 without a causal mask
-    (BWD_FUSED_ROWS), else the pair (pair_mosaic_bwd_config)."""
-    if (padded_head_dim(head_dim), causal) in BWD_FUSED_ROWS:
-        return fused_full_bwd_config(head_dim)
+    (BWD_FUSED_ROWS; causal at 128 in bands of BWD_CAUSAL_SPAN_BAND heads), else the
+    pair (pair_mosaic_bwd_config)."""
+    hp = padded_head_dim(head_dim)
+    if (hp, causal) in BWD_FUSED_ROWS:
+        config = fused_full_bwd_config(head_dim)
+        if causal:
+            return dataclasses.replace(config, span_band=BWD_CAUSAL_SPAN_BAND)
+        return config
     return pair_mosaic_bwd_config(head_dim)
 
 

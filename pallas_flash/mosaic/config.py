@@ -7,7 +7,7 @@ Default-config table (16-bit inputs; head dim padded up to a multiple of 64):
 | head dim (padded) | rows per warpgroup x block_kv | stages | shared memory (bytes) |
 |-------------------|-------------------------------|--------|-----------------------|
 | 64                | 64 x 256, early K wait        | 2      | 151,128 (bound)       |
-| 64, not causal    | the same, persistent          | 2      | 167,512 (bound)       |
+| 64, not causal    | the same, persistent, last round split by keys | 2 | 167,512 (bound) |
 | 64, keys <= 2048, causal | 64 x 128, early K wait | 2      | 101,976 (bound)       |
 | 128, causal       | 64 x 128, early K wait        | 2      | 167,000               |
 | 128, not causal   | the same, persistent          | 2      | 200,280 (bound)       |
@@ -193,7 +193,11 @@ class MosaicConfig:
       256-key tiles at 64, or three consumers' 160 registers, ptxas serializes every
       wgmma (C7511). The next K tile is awaited before the turn: needs early_k_wait.
       The scores of a tile are computed once and in the same way, so the outputs are
-      the same bits. Off: not yet timed (docs/mosaic.md, "The next Q K^T behind P V").
+      the same bits (compiled: all 30 case-table rows at 00676b3). Off: beside the
+      default on an H100 (results/mosaic-00676b3/fa-mosaic-{128,64}-qk-behind-pv.jsonl)
+      0.945-0.998x at head dim 128 non-causal 2k-16k, 0.979-1.029x causal, and at 64
+      (128-key tiles) 0.96x the 128-key row at 8k (docs/mosaic.md, "The next Q K^T
+      behind P V").
     intra_overlap: FA3's intra-warpgroup pipelining: tile j's Q K^T and tile j - 1's
       P V are issued together and tile j's softmax runs while that P V does (neither
       JAX's Mosaic FA3 nor tokamax does; FA3's ablation credits it with about 13 % at
@@ -317,8 +321,9 @@ class MosaicConfig:
       merge. The same result up to float32 rounding (the pieces' sums), the same bits
       from call to call. Checked in GPU interpret mode against the reference and
       against the unsplit kernel; compiles for sm_90 without new spills at head dims
-      64 and 128 (docs/mosaic.md, "The forward's last round split by keys"); not
-      timed. Off.
+      64 and 128 (docs/mosaic.md, "The forward's last round split by keys"). On in
+      the head-dim-64 non-causal rows (SPLIT_TAIL_64: 1.006-1.037x at 1k-16k on an
+      H100); off at 128 (0.963x at 2k).
     early_q_load: persistent, each consumer loads its next item's Q as soon as this
       item's last Q K^T has been read (the tile loop's last step) rather than in the
       epilogue, so that the load's latency hides behind that step's softmax and P V
@@ -622,6 +627,21 @@ RESCALE_SLACK_OFF_KEYS = 1024
 ROW_SUM_WGMMA_64 = True
 
 
+# The head-dim-64 rows of non-causal calls split the persistent grid's last round by keys
+# (MosaicConfig.split_tail), since 00676b3's runs. Timed beside the row without it and
+# the peers in one process, on an H100 (the tool lent no H200; results/mosaic-00676b3/;
+# bf16, B x T = 16k, forward TFLOP/s): with it 410.8 / 444.9 / 466.5 / 481.2 / 491.2
+# against 408.2 / 434.2 / 461.1 / 464.1 / 487.0 at 1k / 2k / 4k / 8k / 16k (1.006x /
+# 1.025x / 1.012x / 1.037x / 1.009x; at 4k and 16k in a second run 1.011x / 1.014x;
+# fa-mosaic-64-false-fwd-split-tail.jsonl, fa-mosaic-64-false-split-tail.jsonl,
+# fa-mosaic-64-false-waves.jsonl). At head dim 128 0.963x / 0.999x / 1.007x / 1.021x at
+# 2k / 4k / 8k / 16k (fa-mosaic-128-false-split-tail.jsonl): off there. Compiled, the
+# reference, the unsplit grid within float32 merging and the same bits twice on its
+# three split cases, one of them this row (results/mosaic-00676b3/mosaic-tests-call-4.log,
+# test_gpu_split_tail_matches_reference).
+SPLIT_TAIL_64 = True
+
+
 # intra_overlap is a schedule of its own: what a default row takes in place of the options
 # it carries that the overlap refuses (MosaicConfig.__post_init__ says why for each), as
 # the tests and benchmarks.lowered_digest build it.
@@ -630,6 +650,7 @@ OVERLAP_REPLACES = dict(
     named_turns=False,
     rescale_before_turn=False,
     persistent=False,
+    split_tail=False,
     row_sum_wgmma=False,
     named_releases=False,
 )
@@ -660,7 +681,8 @@ def default_mosaic_config(
         # causal only where the flag is not known and the keys are few (1.05-1.08x at 1k /
         # 2k with 256-key tiles). Causal at short lengths: 128-key tiles, 1.11x / 1.04x at
         # 1k / 2k, one CTA per item (1.05x the persistent grid at 2k). Module docstring.
-        # Row sums on the tensor cores when not causal (ROW_SUM_WGMMA_64's comment).
+        # Row sums on the tensor cores when not causal (ROW_SUM_WGMMA_64's comment), and
+        # the last round split by keys (SPLIT_TAIL_64's).
         short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS
         short_causal = short and causal is True
         return MosaicConfig(
@@ -672,6 +694,7 @@ def default_mosaic_config(
             q_register_cols=Q_REGISTER_COLS,
             named_turns=NAMED_TURNS_DEFAULT,
             row_sum_wgmma=ROW_SUM_WGMMA_64 and causal is False,
+            split_tail=SPLIT_TAIL_64 and causal is False,
         )
     # The conditional rescale above head dim 64, but not for short causal calls (at
     # RESCALE_SLACK's comment).
