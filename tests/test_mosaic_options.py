@@ -236,6 +236,8 @@ def test_rescale_slack_keeps_a_row_max_that_grew_less():
 
 # Three consumer warpgroups (MosaicConfig.consumers=3): in interpret mode without the
 # ping-pong (its turns go round on named barriers only), each consumer on its own rows.
+# Off (level with two from 8k, slower below): the extended tier.
+@pytest.mark.extended
 @pytest.mark.parametrize(
     "case,persistent",
     [
