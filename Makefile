@@ -5,7 +5,7 @@ PYTHON ?= $(shell ./scripts/find_python.sh)
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: test test-sm90 test-all venv venv-sm90 lint gpu-test clean demo data
+.PHONY: test test-sm90 test-sm90-all test-all venv venv-sm90 lint gpu-test clean demo data
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), f"need Python >= 3.12, got {sys.version}"'
@@ -41,15 +41,21 @@ test: venv
 	$(MAKE) test-sm90
 
 # The kernels compiled for the H200 without a GPU (tests/test_deviceless.py), in the
-# environment with JAX's CUDA plugin; the CPU suite above skips them.
+# environment with JAX's CUDA plugin; the CPU suite above skips them. The builds of
+# options that are off are `extended` here too: test-sm90-all runs them.
 test-sm90: venv-sm90
+	JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 \
+	  $(VENV_SM90)/bin/python -m pytest -n 2 -q -m "sm90 and not extended" tests/test_deviceless.py
+
+test-sm90-all: venv-sm90
 	JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 \
 	  $(VENV_SM90)/bin/python -m pytest -n 2 -q -m sm90 tests/test_deviceless.py
 
-# The whole CPU suite, the extended tier included.
+# The whole CPU suite, the extended tier included, and every deviceless build.
 test-all: venv
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -n 2 -q
+	$(MAKE) test-sm90-all
 
 lint: venv
 	$(BIN)/ruff format --check .

@@ -2,8 +2,9 @@
 (benchmarks/deviceless.py): what ptxas makes of the default rows.
 
 These need JAX's CUDA plugin, which the CPU suite's environment leaves out, so they run
-in their own (`make test-sm90`, part of `make test`); elsewhere they are skipped, saying
-so. Each compiles one forward + backward (B=1, T=S=1024, bf16, heads = 2048 / head dim)
+in their own (`make test-sm90`, part of `make test`; the builds of options that are off
+are `extended`, run by `make test-sm90-all`); elsewhere they are skipped, saying so.
+Each compiles one forward + backward (B=1, T=S=1024, bf16, heads = 2048 / head dim)
 through `python -m benchmarks.ptxas --deviceless`, the tool's own path, and reads
 ptxas's report of every kernel.
 
@@ -106,6 +107,7 @@ def test_held_zero_folds_every_fresh_accumulator(tmp_path):
         assert min(plain[kernel]) == 1, (kernel, plain[kernel])
 
 
+@pytest.mark.extended  # an option that is off: `make test-sm90-all`
 def test_probs_before_dp_issues_work_beside_dp(tmp_path):
     """MosaicBwdConfig.probs_before_dp: the pair's steps (the default at head dim 64
     causal) await S and dP together without it (no instruction while a product is pending), and
@@ -121,6 +123,7 @@ def test_probs_before_dp_issues_work_beside_dp(tmp_path):
         assert all(n >= 32 for n in early[kernel]), (kernel, early[kernel])
 
 
+@pytest.mark.extended  # an option that is off: `make test-sm90-all`
 def test_qk_behind_pv_issues_a_step_in_one_run(tmp_path):
     """MosaicConfig.qk_behind_pv at head dim 128 (non-causal: the persistent row with its
     conditional rescale): each of the forward's steps issues the next Q K^T and this P V
@@ -147,6 +150,7 @@ OVERLAP = (
 )
 
 
+@pytest.mark.extended  # an option that is off: `make test-sm90-all`
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_intra_overlap_forward_serializes_no_wgmma(tmp_path, head_dim):
     """The overlapped forward converts tile j's P into the registers tile j - 1's P V
