@@ -144,8 +144,9 @@ def report(
     items = n * _ceil(seq, fwd.consumers * fwd.block_q) * b
     line = f"h{head_dim} n{n} {'causal' if causal else 'full  '} {seq:>5}: fwd {items} {units}"
     # A persistent row whole and split (whichever the default is: SPLIT_TAIL_64).
-    whole = (dataclasses.replace(fwd, split_tail=False),)
-    for config in whole + (dataclasses.replace(fwd, split_tail=True),) if fwd.persistent else whole:
+    whole = dataclasses.replace(fwd, split_tail=False)
+    split = (dataclasses.replace(fwd, split_tail=True),) if fwd.persistent else ()
+    for config in (whole, *split):
         costs = forward_costs(config, seq, b, n, causal, cta_steps)
         work, end = fill(costs) if not config.persistent else (sum(costs), max(costs))
         line += f"{' split' if config.split_tail else ''} fill {work / (H100_SMS * end):.3f}"

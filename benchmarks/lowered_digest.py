@@ -36,7 +36,12 @@ from pallas_flash.mosaic.bwd_config import (
     fused_mosaic_bwd_config,
     pair_mosaic_bwd_config,
 )
-from pallas_flash.mosaic.config import OVERLAP_REPLACES, MosaicConfig, default_mosaic_config
+from pallas_flash.mosaic.config import (
+    OVERLAP_REPLACES,
+    WITHOUT_PERSISTENT,
+    MosaicConfig,
+    default_mosaic_config,
+)
 
 HEAD_DIMS = (64, 128, 256)
 SPECS = {
@@ -78,6 +83,7 @@ def backward_digest(config: MosaicBwdConfig, spec: masks.MaskSpec, head_dim: int
 # place, so that the code behind the flip is lowered too (its label names them).
 COMPANIONS = {
     ("intra_overlap", True): OVERLAP_REPLACES,
+    ("persistent", False): WITHOUT_PERSISTENT,
     ("schedule_barrier", False): dict(named_turns=False),
     ("early_q_load", True): dict(persistent=True, o_from_registers=True),
     ("query_rows", True): dict(fa3_order=False, share_halves=False),

@@ -47,7 +47,7 @@ from pallas_flash import masks
 from pallas_flash.mosaic import backward as mosaic_backward
 from pallas_flash.mosaic import forward as mosaic_forward
 from pallas_flash.mosaic.bwd_config import MosaicBwdConfig, default_mosaic_bwd_config
-from pallas_flash.mosaic.config import MosaicConfig, default_mosaic_config
+from pallas_flash.mosaic.config import WITHOUT_PERSISTENT, MosaicConfig, default_mosaic_config
 
 # A step loop's least size in operations (smaller innermost loops are barrier waits and
 # the dQ writer's drains).
@@ -255,7 +255,7 @@ def peer_forward_modules(head_dim: int, seq: int) -> dict[str, list[bytes]]:
     default row's tiles, one CTA per tile), JAX's Mosaic FA3 and, where the peer wheels
     import, tokamax's Mosaic forward, both with our row's block_q, block_kv and stages."""
     row = default_mosaic_config(head_dim, seq, False)
-    ours = dataclasses.replace(row, persistent=False, split_tail=False)
+    ours = dataclasses.replace(row, persistent=False, **WITHOUT_PERSISTENT)
     out = {"pallas_flash:mosaic": forward_modules(ours, masks.MaskSpec(), head_dim, seq)}
     with _fa3_without_cuda_runtime() as fa3:
         tuning = fa3.TuningConfig(

@@ -27,6 +27,7 @@ from pallas_flash.mosaic import forward as mosaic_forward
 from pallas_flash.mosaic import support
 from pallas_flash.mosaic.config import (
     OVERLAP_REPLACES,
+    WITHOUT_PERSISTENT,
     MosaicConfig,
     default_mosaic_config,
     padded_head_dim,
@@ -490,7 +491,7 @@ def test_gpu_kv_multicast_changes_no_bit(case):
     multicast, cluster barriers): the call's default row without the persistent grid
     gives the same bits with it, and it passes the reference."""
     default = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
-    config = dataclasses.replace(default, persistent=False, split_tail=False)
+    config = dataclasses.replace(default, persistent=False, **WITHOUT_PERSISTENT)
     multicast = dataclasses.replace(config, kv_multicast=True)
     _changed_no_bit(case, config, multicast, interpret=False, seed=seed_of(case))
 

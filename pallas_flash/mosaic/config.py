@@ -642,6 +642,12 @@ ROW_SUM_WGMMA_64 = True
 SPLIT_TAIL_64 = True
 
 
+# A persistent default row without its persistent grid (one CTA per work item): what it
+# takes in place of the options it carries that need that grid (split_tail,
+# SPLIT_TAIL_64), as the tests, benchmarks.lowered_ops and lowered_digest build it.
+WITHOUT_PERSISTENT = dict(split_tail=False)
+
+
 # intra_overlap is a schedule of its own: what a default row takes in place of the options
 # it carries that the overlap refuses (MosaicConfig.__post_init__ says why for each), as
 # the tests and benchmarks.lowered_digest build it.
@@ -650,7 +656,7 @@ OVERLAP_REPLACES = dict(
     named_turns=False,
     rescale_before_turn=False,
     persistent=False,
-    split_tail=False,
+    **WITHOUT_PERSISTENT,
     row_sum_wgmma=False,
     named_releases=False,
 )
