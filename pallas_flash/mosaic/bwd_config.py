@@ -747,7 +747,18 @@ def fused_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
 # writer; results/mosaic-7a9e602/mosaic-tests-fused64-full.log), then as the default
 # the regs row and bitwise-equal gradients (mosaic-tests-fused64-default.log).
 # (padded head dim, causal) of the rows whose default is this build:
-BWD_FUSED_ROWS = frozenset({(64, False), (128, False), (128, True)})
+# Head dim 64 causal, the same build in bands of BWD_CAUSAL_SPAN_BAND heads since
+# 1fc58b7's runs (results/mosaic-1fc58b7/; an H100, the tool lent no H200), beside the
+# pair in one process: 2k / 4k / 8k / 16k 321.8 / 368.4 / 397.6 / 420.4 TFLOP/s against
+# 306.3 / 353.7 / 383.6 / 400.4 (1.05x / 1.04x / 1.04x / 1.05x; cuDNN 279.5 / 336.1 /
+# 377.8 / 412.9; fa-mosaic-64-true-fused-bands.jsonl), and in a second run 1.05x /
+# 1.06x / 1.07x at 4k / 8k / 16k (fa-mosaic-64-true-span-band.jsonl). Head-major (one
+# band) the fused build ran 0.85x the pair, in bands of 2 1.00x / 0.99x / 0.99x; bands
+# of 8 0.98x / 1.05x / 1.09x / 1.08x (better from 4k, worse at 2k; the band is not a
+# function of the length yet). Compiled, bands of 4 give the plain order's bits on the
+# fused case-table rows, head dim 64 causal among them (test_gpu_span_band_changes_no_bit,
+# mosaic-tests.log there).
+BWD_FUSED_ROWS = frozenset({(64, False), (64, True), (128, False), (128, True)})
 BWD_SHARE_HALVES = False
 
 
@@ -778,9 +789,8 @@ BWD_CAUSAL_SPAN_BAND = 4
 
 def default_mosaic_bwd_config(head_dim: int, causal: bool) -> MosaicBwdConfig:
     """The backward default table's row for this head dim and causality (16-bit inputs
-    only): the fused kernel at padded head dim 128, and at 64 without a causal mask
-    (BWD_FUSED_ROWS; causal at 128 in bands of BWD_CAUSAL_SPAN_BAND heads), else the
-    pair (pair_mosaic_bwd_config)."""
+    only): the fused kernel at padded head dims 64 and 128 (BWD_FUSED_ROWS; causal in bands of BWD_CAUSAL_SPAN_BAND heads), else the pair
+    (pair_mosaic_bwd_config)."""
     hp = padded_head_dim(head_dim)
     if (hp, causal) in BWD_FUSED_ROWS:
         config = fused_full_bwd_config(head_dim)
