@@ -578,11 +578,13 @@ def test_mosaic_config_variants_are_named_by_their_fields(monkeypatch):
     assert seen["config"].rescale_slack is None
     seen.clear()  # the forward default at the call's key length (causal: 128-key tiles up
     k = jnp.zeros((1, 4096, 2, 64), jnp.bfloat16)  # to 2048 keys)
-    # (the default row's Q and dO in registers are the plain dQ kernel's: a fused variant
+    # (the pair's Q and dO in registers are the plain dQ kernel's: a fused variant of it
     # names them off, or the config says why not)
     with pytest.raises(ValueError, match="q_do_in_registers is the plain dQ kernel's"):
-        impls.lookup("pallas_flash:mosaic/fused=true").fn(q, k, k, causal=True)
-    impls.lookup("pallas_flash:mosaic/fused=true/q_do_in_registers=false").fn(q, k, k, causal=True)
+        impls.lookup("pallas_flash:mosaic/pair/fused=true").fn(q, k, k, causal=True)
+    impls.lookup("pallas_flash:mosaic/pair/fused=true/q_do_in_registers=false").fn(
+        q, k, k, causal=True
+    )
     assert seen["backward_config"].fused and seen["config"].block_kv == 256
     assert seen["config"] == mosaic_config.default_mosaic_config(64, 4096, True)
     seen.clear()  # and at the call's causal flag (head dim 128: persistent unless causal)
@@ -593,14 +595,15 @@ def test_mosaic_config_variants_are_named_by_their_fields(monkeypatch):
     seen.clear()  # a field both configs have is set in both
     impls.lookup("pallas_flash:mosaic/row_bound_mask=false").fn(q, q, q, causal=True)
     assert not seen["config"].row_bound_mask and not seen["backward_config"].row_bound_mask
-    # The backward default at the call's causal flag (head dim 64: fused unless causal;
-    # 128: fused either way), and `pair` names the pair there.
+    # The backward default at the call's causal flag (head dims 64 and 128: fused either
+    # way, causal in bands of heads), and `pair` names the pair there.
     seen.clear()
     q64 = q[..., :64]
     for causal in (False, True):
         impls.lookup("pallas_flash:mosaic/num_stages=2").fn(q64, q64, q64, causal=causal)
         assert seen["backward_config"] == bwd_config.default_mosaic_bwd_config(64, causal)
-        assert seen["backward_config"].fused is not causal
+        assert seen["backward_config"].fused
+        assert seen["backward_config"].span_band == (4 if causal else 1)
         impls.lookup("pallas_flash:mosaic/num_stages=2").fn(q, q, q, causal=causal)
         assert seen["backward_config"] == bwd_config.default_mosaic_bwd_config(128, causal)
         assert seen["backward_config"].fused

@@ -95,7 +95,7 @@ def _backward_steps(impl: str, tmp_path, field: str) -> dict[str, list]:
 
 
 def test_held_zero_folds_every_fresh_accumulator(tmp_path):
-    """pipeline.held_zero: in the pair's every step (the default at head dim 64 causal),
+    """pipeline.held_zero: in the pair's every step (the default above head dim 128),
     S^T and dP^T (dK/dV kernel), S and dP (dQ kernel) start from zeros ptxas folds into
     their first wgmmas; with run_scoped's zeros (held_zero=false) it folds only the first
     of the two in the unmasked steps, and zeroes the other's 64 registers by moves."""
@@ -109,8 +109,8 @@ def test_held_zero_folds_every_fresh_accumulator(tmp_path):
 
 @pytest.mark.extended  # an option that is off: `make test-sm90-all`
 def test_probs_before_dp_issues_work_beside_dp(tmp_path):
-    """MosaicBwdConfig.probs_before_dp: the pair's steps (the default at head dim 64
-    causal) await S and dP together without it (no instruction while a product is pending), and
+    """MosaicBwdConfig.probs_before_dp: the pair's steps (the default above head dim
+    128) await S and dP together without it (no instruction while a product is pending), and
     with it issue the scores' scaling and some of their exp2 between S's wait and dP's,
     in every step of both kernels (the dQ kernel's unmasked step: its 64 FFMAs and 16
     exp2, docs/mosaic.md, "Scores' exp2 beside dP")."""

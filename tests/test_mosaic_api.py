@@ -424,8 +424,8 @@ def test_backward_defaults_fit_in_shared_memory(head_dim):
         assert config.smem_bytes_dq(head_dim) <= 227 * 1024
     for causal in (True, False):
         config = default_mosaic_bwd_config(head_dim, causal)
-        # the fused kernel at head dim 128 and at 64 non-causal, the pair elsewhere
-        assert config.fused == (head_dim == 128 or (head_dim == 64 and not causal))
+        # the fused kernel at head dims 64 and 128, the pair above
+        assert config.fused == (head_dim <= 128)
         mosaic_backward.check_fits(config, head_dim)
 
 

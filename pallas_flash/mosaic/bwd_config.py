@@ -6,13 +6,14 @@ and a TMA producer; shared memory from `smem_bytes_*`, operands in registers):
 
 | head dim | dK/dV: key tiles, rows per Q tile, stages | dQ: query tiles, K/V tile keys, stages    |
 |----------|-------------------------------------------|-------------------------------------------|
-| 64, causal | 2 x 64, 128, 3: 137,304 (bound)         | 2 x 64, 128, 2: 102,480 (bound)           |
-| 64, not causal | fused: 2 x 64, 128, 2: 201,848 (bound) | none: the fused kernel adds dQ |
+| 64       | fused: 2 x 64, 128, 2: 201,848 (bound) (1) | none: the fused kernel adds dQ itself |
 | 128      | fused: 2 x 64, 64, 2: 217,208 (bound) (1) | none: the fused kernel adds dQ itself |
 | 192      | 1 x 64 (split, P^T handed over), 64, 2: 165,968 | 1 x 64, 64, 2: 149,576 bytes |
 | 256      | 1 x 64 (split, P^T handed over), 64, 2: 215,120 | 1 x 64, 64, 2: 198,728 bytes |
 
-(1) Causal calls launch its key spans in bands of 4 heads (BWD_CAUSAL_SPAN_BAND).
+(1) Causal calls launch its key spans in bands of 4 heads (BWD_CAUSAL_SPAN_BAND). The
+pair (pair_mosaic_bwd_config) at head dim 64: dK/dV 2 x 64, 128, 3: 137,304 (bound);
+dQ 2 x 64, 128, 2: 102,480 (bound).
 (Shared memory as Mosaic GPU's lowering reports it, operands in registers, with the
 hand-over's 16,400 bytes at 192 and 256 added by `smem_bytes_dkv`'s count; staged
 through shared memory, each kernel adds warpgroups x 64 x 64 x 2 bytes, and at 192 and
@@ -47,12 +48,12 @@ dim 256 keeps Q and dO of two warpgroups (128 KiB) plus a two-stage K/V ring (12
 over the 227 KiB budget, hence one warpgroup there.
 
 The fused backward (`fused=True`: one kernel, five matmuls, dQ added in a fixed order by
-mosaic/dq_adds.py) is the default at padded head dim 128, and at 64 when the call is not
-causal, in FA3's order with its share whole and two writer warps (BWD_FUSED_ROWS below
+mosaic/dq_adds.py) is the default at padded head dims 64 and 128, in FA3's order with its
+share whole and two writer warps, causal calls in bands of 4 heads (BWD_FUSED_ROWS below
 has each row's evidence: at 128 non-causal 1.02-1.05x the pair from 2k, then 0.99-1.06x
 the share in halves; at 128 causal 1.00-1.07x the pair; at 64 non-causal 1.14-1.16x
-the pair); causal calls at 64 and the head dims above 128 keep the pair (at 64 with
-the table's 128-row, three-slot dK/dV tiles). First compiled (77b90a9) it ran
+the pair; at 64 causal, in bands, 1.04-1.07x the pair, head-major 0.85x); the head dims
+above 128 keep the pair. First compiled (77b90a9) it ran
 0.64-0.69x the pair (head dim 128, non-causal, seq 512-4k,
 `fa-mosaic-fused-77b90a9.jsonl`). It adds to the
 dK/dV kernel one dS^T buffer (consumers x block_kv x block_q, 16 KiB at 2 x 64 x 64) and
@@ -343,8 +344,9 @@ class MosaicBwdConfig:
       the plain order at head dim 128 causal 16k / 8k / 4k, and 0.995x / 0.92x /
       0.93x at 64 (docs/mosaic.md, "Launch order of the backward's key spans").
       Checked in GPU interpret mode (the same bits); not with rotated_adds (whose
-      turns need a head's spans resident together). 4 in the causal fused row
-      (BWD_CAUSAL_SPAN_BAND: 1.004-1.027x at 4k-16k on an H100), else 1.
+      turns need a head's spans resident together). 4 in the causal fused rows
+      (BWD_CAUSAL_SPAN_BAND: 1.004-1.027x the plain order at head dim 128 4k-16k on an
+      H100, at 64 1.04-1.07x the pair where the plain order ran 0.85x), else 1.
     split_tail: the dK/dV (or fused) kernel's last wave (when the GPU's SMs do not divide
       its CTAs) split by query tiles over every SM (mosaic/split_tail.py, even_pieces):
       the whole CTAs run in the plain launch order on a grid of one axis, then each CTA
@@ -746,18 +748,21 @@ def fused_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
 # head-dim-64 rows (test_gpu_fused_split_writer_changes_no_bit, the same bits as one
 # writer; results/mosaic-7a9e602/mosaic-tests-fused64-full.log), then as the default
 # the regs row and bitwise-equal gradients (mosaic-tests-fused64-default.log).
-# (padded head dim, causal) of the rows whose default is this build:
 # Head dim 64 causal, the same build in bands of BWD_CAUSAL_SPAN_BAND heads since
 # 1fc58b7's runs (results/mosaic-1fc58b7/; an H100, the tool lent no H200), beside the
 # pair in one process: 2k / 4k / 8k / 16k 321.8 / 368.4 / 397.6 / 420.4 TFLOP/s against
 # 306.3 / 353.7 / 383.6 / 400.4 (1.05x / 1.04x / 1.04x / 1.05x; cuDNN 279.5 / 336.1 /
 # 377.8 / 412.9; fa-mosaic-64-true-fused-bands.jsonl), and in a second run 1.05x /
-# 1.06x / 1.07x at 4k / 8k / 16k (fa-mosaic-64-true-span-band.jsonl). Head-major (one
-# band) the fused build ran 0.85x the pair, in bands of 2 1.00x / 0.99x / 0.99x; bands
-# of 8 0.98x / 1.05x / 1.09x / 1.08x (better from 4k, worse at 2k; the band is not a
-# function of the length yet). Compiled, bands of 4 give the plain order's bits on the
+# 1.06x / 1.07x at 4k / 8k / 16k (fa-mosaic-64-true-span-band.jsonl); as the default at
+# 9abcf47 (results/mosaic-9abcf47/fa-mosaic-64-true-default.jsonl) 0.95x / 1.08x / 1.06x /
+# 1.09x the pair (cuDNN 1.00x / 1.09x / 1.06x / 1.04x): 2k is noise or a loss.
+# Head-major (one band) the fused build ran 0.85x the pair, in bands of 2 1.00x / 0.99x /
+# 0.99x; bands of 8 0.98x / 1.05x / 1.09x / 1.08x (better from 4k, worse at 2k; the band
+# is not a function of the length yet). Compiled, bands of 4 give the plain order's bits on the
 # fused case-table rows, head dim 64 causal among them (test_gpu_span_band_changes_no_bit,
-# mosaic-tests.log there).
+# mosaic-tests.log there); as the default, the case table's causal rows up to 64 that
+# ran (7, before a timeout; results/mosaic-9abcf47/mosaic-tests-fused64-causal.log).
+# (padded head dim, causal) of the rows whose default is this build:
 BWD_FUSED_ROWS = frozenset({(64, False), (64, True), (128, False), (128, True)})
 BWD_SHARE_HALVES = False
 
@@ -782,15 +787,16 @@ def fused_full_bwd_config(head_dim: int) -> MosaicBwdConfig:
 # / 508.7 against 431.9 / 481.1 / 498.3 at 4k / 8k / 16k (1.004x / 1.027x / 1.021x;
 # bands of 2 1.010x / 0.984x / 1.010x; cuDNN 408.5 / 466.0 / 508.3). Compiled, bands of
 # 2 gave the plain order's bits on the 25 fused case-table rows (mosaic-tests-call-4.log,
-# test_gpu_span_band_changes_no_bit); a band's width changes only which CTA the launch
-# index names (MosaicBwdConfig.span_band), and that test now takes bands of 4.
+# test_gpu_span_band_changes_no_bit), and at 1fc58b7 bands of 4 did
+# (results/mosaic-1fc58b7/mosaic-tests.log, 43 of 43 with the defaults' determinism).
+# Head dim 64 causal takes the same bands (BWD_FUSED_ROWS above).
 BWD_CAUSAL_SPAN_BAND = 4
 
 
 def default_mosaic_bwd_config(head_dim: int, causal: bool) -> MosaicBwdConfig:
     """The backward default table's row for this head dim and causality (16-bit inputs
-    only): the fused kernel at padded head dims 64 and 128 (BWD_FUSED_ROWS; causal in bands of BWD_CAUSAL_SPAN_BAND heads), else the pair
-    (pair_mosaic_bwd_config)."""
+    only): the fused kernel at padded head dims 64 and 128 (BWD_FUSED_ROWS; causal in
+    bands of BWD_CAUSAL_SPAN_BAND heads), else the pair (pair_mosaic_bwd_config)."""
     hp = padded_head_dim(head_dim)
     if (hp, causal) in BWD_FUSED_ROWS:
         config = fused_full_bwd_config(head_dim)
@@ -802,7 +808,7 @@ def default_mosaic_bwd_config(head_dim: int, causal: bool) -> MosaicBwdConfig:
 
 def pair_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
     """The two-kernel backward's row for this head dim (a dK/dV kernel and a dQ kernel,
-    no atomics; 16-bit inputs only): the default at head dim 64 causal and above 128."""
+    no atomics; 16-bit inputs only): the default above head dim 128."""
     hp = padded_head_dim(head_dim)
     if hp == 64:
         # Sweep at 12-01 (B=2, T=S=8k, bf16): 128-row Q tiles through 3 slots in the
