@@ -475,6 +475,13 @@ def main(argv=None):
         "key/value heads replaced (a probe of the launch's waves, benchmarks/launch_sim.py)",
     )
     parser.add_argument(
+        "--batches",
+        default=None,
+        help="comma-separated batch sizes: each kept shape once per size, its batch "
+        "replaced (more or fewer tokens a batch than the grid's 16k: a probe of the "
+        "backward's band_pairs, MosaicBwdConfig)",
+    )
+    parser.add_argument(
         "--causal",
         choices=("true", "false"),
         default=None,
@@ -542,6 +549,11 @@ def main(argv=None):
         if min(counts) < 1:
             parser.error(f"--heads {args.heads!r}: each must be a count of 1 or more")
         shapes = tuple(s.replace(heads=n, kv_heads=n) for s in shapes for n in counts)
+    if args.batches:
+        sizes = [int(n) for n in args.batches.split(",")]
+        if min(sizes) < 1:
+            parser.error(f"--batches {args.batches!r}: each must be a size of 1 or more")
+        shapes = tuple(s.replace(batch=n) for s in shapes for n in sizes)
     if not shapes:
         parser.error(f"no {args.suite} shape is left by the filters given")
     passes = tuple(suite.passes)

@@ -107,7 +107,7 @@ for step in "$@"; do
              timeout 300 python3 -m benchmarks.bench --suite fa --commit "$commit" \
              --run-id "$run_id" --head-dims "${hd%%:*}" ${causal:+--causal "$causal"} \
              ${FA_SEQS:+--seqs "$FA_SEQS"} ${BENCH_PREROLL_S:+--preroll-s "$BENCH_PREROLL_S"} \
-             ${FA_HEADS:+--heads "$FA_HEADS"} \
+             ${FA_HEADS:+--heads "$FA_HEADS"} ${FA_BATCHES:+--batches "$FA_BATCHES"} \
              ${FA_PASSES:+--passes "$FA_PASSES"} --time-budget "${MOSAIC_FA_BUDGET:-240}" \
              --impls "${MOSAIC_FA_IMPLS:-pallas_flash:mosaic,jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3,pallas_flash:triton}" \
              --out "$OUT/fa-mosaic.jsonl" ;;

@@ -108,7 +108,7 @@ def backward_costs(config, t: int, b: int, n: int, k: int, causal: bool, cta_ste
         lo = span * keys // bq if causal else 0
         return (q_tiles - lo) * (n // k) + cta_steps
 
-    order = span_order(k, spans, b, config.heads_per_band(k))
+    order = span_order(k, spans, b, config.heads_per_band(k, b))
     costs = [span_cost(s) for _, s, _ in order]
     tail = split_tail.even_pieces(len(order), H100_SMS, q_tiles) if config.split_tail else None
     if tail is not None:  # the whole CTAs, then each piece a CTA: its tiles of its span's

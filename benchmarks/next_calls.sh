@@ -83,5 +83,18 @@ case $call in
     PROFILE_KERNELS=pallas_flash_mosaic_bwd PROFILE_IMPLS=$M PROFILE_DETAILS=1 \
       PROFILE_SECTIONS=MemoryWorkloadAnalysis_Tables,WarpStateStats timeout 200 \
       bash $G "$C" profile-fa:128:8192:false ;;
-  *) echo "next_calls: no call $call (1 to 7)" >&2; exit 2 ;;
+  8) # the backward's band_pairs at 64k tokens a batch (4x the grid's), causal: the
+    # default (bands narrowed to 32 (head, batch element) pairs: one head at 2k, 32
+    # elements, two at 4k, 16) beside whole bands of 4 (band_pairs=128: 128 and 64
+    # pairs), the plain order and cuDNN; then head dim 64 at 2k. Rows off the grid's 16k
+    # tokens: no README cell takes them (render.load).
+    FA_PASSES=bwd FA_SEQS=2048 FA_BATCHES=32 \
+      MOSAIC_FA_IMPLS=$M,$M/band_pairs=128,$M/span_band=1,jax.nn:cudnn \
+      timeout 200 bash $G "$C" mosaic-fa:128:true mosaic-fa:64:true
+    keep fa-mosaic-bwd-band-pairs-2k
+    FA_PASSES=bwd FA_SEQS=4096 FA_BATCHES=16 \
+      MOSAIC_FA_IMPLS=$M,$M/band_pairs=128,$M/span_band=1,jax.nn:cudnn \
+      timeout 150 bash $G "$C" mosaic-fa:128:true
+    keep fa-mosaic-bwd-band-pairs-4k ;;
+  *) echo "next_calls: no call $call (1 to 8)" >&2; exit 2 ;;
 esac

@@ -20,9 +20,10 @@ import sys
 
 
 def load(paths) -> list[dict]:
-    """The rows of these JSONL files, less fa-suite rows whose head count is not the
-    grid's (bench --heads, a probe of the launch's waves): a table's cell is a head dim,
-    a length and a causal flag, so another head count would take a grid point's place."""
+    """The rows of these JSONL files, less fa-suite rows whose head count or tokens a
+    batch are not the grid's (bench --heads, a probe of the launch's waves; --batches):
+    a table's cell is a head dim, a length and a causal flag, so another head count or
+    batch would take a grid point's place."""
     rows = []
     for path in paths:
         with open(path) as f:
@@ -33,7 +34,10 @@ def load(paths) -> list[dict]:
 def _off_grid(row: dict) -> bool:
     if row.get("suite") != "fa" or "heads" not in row:
         return False
-    # suites._fa_shapes' head counts (this module stays free of JAX, which suites imports)
+    # suites._fa_shapes' head counts and 16k tokens a batch (this module stays free of
+    # JAX, which suites imports)
+    if "batch" in row and "seq_q" in row and row["batch"] * row["seq_q"] != 16384:
+        return True
     return row["heads"] != (8 if row["head_dim"] == 256 else 2048 // row["head_dim"])
 
 

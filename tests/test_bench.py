@@ -463,12 +463,30 @@ def test_heads_replace_the_head_counts_and_render_passes_them_over(tmp_path, cap
     assert bench.main([*argv, "--seqs", "40", "--passes", "fwd", "--heads", "3,5"]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted({(r["heads"], r["kv_heads"]) for r in rows}) == [(3, 3), (5, 5)]
-    grid = dict(rows[0], heads=2048 // rows[0]["head_dim"], suite="fa")
+    grid = dict(rows[0], heads=2048 // rows[0]["head_dim"], suite="fa", batch=4, seq_q=4096)
     (tmp_path / "grid.jsonl").write_text(json.dumps(grid) + "\n")
     assert render.load([out, tmp_path / "grid.jsonl"]) == [grid]
     with pytest.raises(SystemExit):
         bench.main([*argv, "--heads", "0"])
     assert "--heads '0'" in capsys.readouterr().err
+
+
+def test_batches_replace_the_batch_and_render_passes_them_over(tmp_path, capsys):
+    """--batches runs each kept shape once per batch size (a probe of the backward's
+    band_pairs at more tokens a batch); the tables' loader passes over fa rows off the
+    grid's 16k tokens a batch; a size below 1 is an error naming the flag."""
+    out = tmp_path / "fa.jsonl"
+    argv = ["--suite", "fa", "--tiny", "--impls", "pallas_flash:xla_blockwise", "--out", str(out)]
+    assert bench.main([*argv, "--seqs", "40", "--passes", "fwd", "--batches", "1,3"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted({r["batch"] for r in rows}) == [1, 3] and {r["seq_q"] for r in rows} == {40}
+    on_grid = dict(rows[0], heads=2048 // rows[0]["head_dim"], batch=4, seq_q=4096, seq_k=4096)
+    off_grid = dict(on_grid, batch=16)  # 64k tokens
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (on_grid, off_grid)))
+    assert render.load([tmp_path / "rows.jsonl"]) == [on_grid]
+    with pytest.raises(SystemExit):
+        bench.main([*argv, "--batches", "2,0"])
+    assert "--batches '2,0'" in capsys.readouterr().err
 
 
 def test_passes_keep_only_those_passes(tmp_path, capsys, monkeypatch):

@@ -271,7 +271,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"1": 1, "2": 0, "3": 2, "4": 2, "5": 0, "6": 2, "7": 0}
+_CALL_VARIANTS = {"1": 1, "2": 0, "3": 2, "4": 2, "5": 0, "6": 2, "7": 0, "8": 2}
 
 
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
@@ -308,11 +308,14 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
         # against the reference, the defaults' determinism
         assert _one(calls, "-m pytest -m gpu", "test_gpu_matches_reference and regs and causal")
         assert _one(calls, "-m pytest -m gpu", "test_gpu_is_bitwise_deterministic")
+    if call == "8":  # more tokens a batch than the grid's: --batches reaches the harness
+        batches = {_option(line, "--seqs"): _option(line, "--batches") for line in benches}
+        assert batches == {"2048": "32", "4096": "16"} and len(benches) == 3, benches
     if call == "5":  # the patch applied to the copy, which the rest of the call ran on
         assert "not again" in (tree / "pallas_flash/mosaic/dq_adds.py").read_text()
         assert _one(calls, "-m pytest -m gpu", "test_gpu_is_bitwise_deterministic")
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):
-    proc, calls, _ = next_calls("8")
-    assert proc.returncode == 2 and "no call 8" in proc.stderr and not calls
+    proc, calls, _ = next_calls("9")
+    assert proc.returncode == 2 and "no call 9" in proc.stderr and not calls

@@ -222,10 +222,19 @@ def test_interpret_span_band_changes_no_bit(case, config, band):
 
 
 def test_span_band_heads_per_band():
-    """A band is whole: the largest divisor of the head count not above span_band."""
-    band = lambda n, heads: dataclasses.replace(FUSED, span_band=n).heads_per_band(heads)  # noqa: E731
+    """A band is whole: the largest divisor of the head count not above span_band, nor
+    above band_pairs / batch ((head, batch element) pairs), one head at least."""
+    band = lambda n, heads, batch=1: (  # noqa: E731
+        dataclasses.replace(FUSED, span_band=n).heads_per_band(heads, batch)
+    )
     assert [band(n, 16) for n in (1, 2, 3, 4, 5, 16, 64)] == [1, 2, 2, 4, 4, 16, 16]
     assert [band(4, heads) for heads in (1, 2, 3, 6, 7)] == [1, 2, 3, 3, 1]
+    # band_pairs = 32: bands of 4 whole up to 8 batch elements (16k tokens from 2k), then
+    # narrower: 2 heads at 16, one at 32 or more (never none); bands of 8 at 4 elements
+    assert [band(4, 16, b) for b in (1, 8, 9, 16, 17, 32, 64)] == [4, 4, 2, 2, 1, 1, 1]
+    assert [band(8, 32, b) for b in (1, 4, 8)] == [8, 8, 4]
+    assert band(4, 6, 10) == 3  # the largest divisor of 6 not above 32 // 10
+    assert dataclasses.replace(FUSED, span_band=16, band_pairs=64).heads_per_band(16, 8) == 8
 
 
 def test_span_band_refuses_rotated_adds_and_zero():
@@ -236,6 +245,8 @@ def test_span_band_refuses_rotated_adds_and_zero():
         dataclasses.replace(FUSED, rotated_adds=True, span_band=2)
     with pytest.raises(ValueError, match="span_band=0 must be >= 1"):
         dataclasses.replace(FUSED, span_band=0)
+    with pytest.raises(ValueError, match="band_pairs=0 must be >= 1"):
+        dataclasses.replace(FUSED, band_pairs=0)
     assert dataclasses.replace(FUSED, rotated_adds=True, span_band=1).rotated_adds
 
 

@@ -283,10 +283,10 @@ def backward(
             )
     # The launch order is the grid's last axis fastest: with rotated_adds a head's
     # spans come one after another, else its spans of each batch element; in bands of
-    # span_band heads, every (head, batch element) of a band's first span, then every
-    # second one, then the next band (a grid of four axes: Mosaic folds the first two
-    # into one CUDA axis, the first slower).
-    band = config.heads_per_band(K)
+    # span_band heads (fewer where band_pairs caps them), every (head, batch element) of
+    # a band's first span, then every second one, then the next band (a grid of four
+    # axes: Mosaic folds the first two into one CUDA axis, the first slower).
+    band = config.heads_per_band(K, B)
     grid, grid_names = (K, spans, B), ("heads", "kv_tiles", "batch")
     if config.rotated_adds:
         grid, grid_names = (B, K, spans), ("batch", "heads", "kv_tiles")

@@ -347,6 +347,17 @@ class MosaicBwdConfig:
       turns need a head's spans resident together). 4 in the causal fused rows
       (BWD_CAUSAL_SPAN_BAND: 1.004-1.027x the plain order at head dim 128 4k-16k on an
       H100, at 64 1.04-1.07x the pair where the plain order ran 0.85x), else 1.
+    band_pairs: the most (key/value head, batch element) pairs one band of span_band may
+      hold: the band narrows (to one head at least) where span_band heads of the call's
+      batch would hold more. Every timing so far had 16k tokens a batch, so a band of g
+      heads held g x 16k / T pairs: those of 64 or more ran slower than narrower ones
+      (every head at once, head dim 128 causal 4k, 64 pairs: 0.73x the plain order;
+      at 64, 8k and 4k, 64 and 128 pairs: 0.92x / 0.93x; bands of 8 at 64 causal 2k,
+      64 pairs: 0.93x bands of 4, which hold 32), those of 32 or fewer not (bands of 8
+      at 64 causal 4k, 32 pairs: 1.008x bands of 4). 32, so that the default's bands
+      of 4 are whole at 16k tokens from 2k and narrow for a larger batch (at 2k with
+      64k tokens, 32 elements: one head, the plain order's own 32 pairs); untimed
+      there yet (docs/mosaic.md, "Launch order of the backward's key spans").
     split_tail: the dK/dV (or fused) kernel's last wave (when the GPU's SMs do not divide
       its CTAs) split by query tiles over every SM (mosaic/split_tail.py, even_pieces):
       the whole CTAs run in the plain launch order on a grid of one axis, then each CTA
@@ -436,6 +447,7 @@ class MosaicBwdConfig:
     rotated_adds: bool = False
     split_writer: bool = False
     span_band: int = 1
+    band_pairs: int = 32
     split_tail: bool = False
     held_zero: bool = True
     probs_before_dp: bool = False
@@ -516,6 +528,10 @@ class MosaicBwdConfig:
             )
         if self.span_band < 1:
             raise ValueError(f"span_band={self.span_band} must be >= 1 (heads per band)")
+        if self.band_pairs < 1:
+            raise ValueError(
+                f"band_pairs={self.band_pairs} must be >= 1 ((head, batch element) pairs a band)"
+            )
         if self.rotated_adds and self.span_band != 1:
             raise ValueError(
                 "rotated_adds needs a head's key spans launched together: not with "
@@ -597,11 +613,12 @@ class MosaicBwdConfig:
             barriers += 8 * 4
         return q_do + ring + staged + barriers + MOSAIC_OVERHEAD
 
-    def heads_per_band(self, kv_heads: int) -> int:
-        """The heads of one span_band band for a kernel of `kv_heads` key/value heads:
-        the largest divisor of `kv_heads` not above span_band, so that every band is
-        whole."""
-        return max(d for d in range(1, min(self.span_band, kv_heads) + 1) if kv_heads % d == 0)
+    def heads_per_band(self, kv_heads: int, batch: int) -> int:
+        """The heads of one span_band band for a kernel of `kv_heads` key/value heads
+        and `batch` batch elements: the largest divisor of `kv_heads` not above
+        span_band nor band_pairs / batch (one at least), so that every band is whole."""
+        widest = min(self.span_band, kv_heads, max(1, self.band_pairs // batch))
+        return max(d for d in range(1, widest + 1) if kv_heads % d == 0)
 
     def interpreted(self) -> MosaicBwdConfig:
         """This config as GPU interpret mode runs it: the interpreter's wgmma reads
