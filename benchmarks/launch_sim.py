@@ -12,6 +12,8 @@ time to the last CTA's end: 1 when every SM is busy to the end. The model leaves
 what sets a step's time (bandwidth, L2, a step's waits), so it says what the count and
 the order of the CTAs cost, nothing else: the waves of equal CTAs (2048 on 132 SMs fill
 15.5 of 16 waves, 0.970) and the tail of a causal grid. No GPU; no JAX tracing.
+`--add-steps A` adds one wait to the fused backward's: each dQ add waits for the lower
+key span's add to the same query tile, and takes A steps (ordered_adds_fill).
 """
 
 from __future__ import annotations
@@ -131,13 +133,64 @@ def backward_costs(config, t: int, b: int, n: int, k: int, causal: bool, cta_ste
     return out
 
 
+def ordered_adds_fill(
+    config, t: int, b: int, n: int, k: int, causal: bool, cta_steps: float, add_steps: float
+) -> float:
+    """The fused kernel's fill with its ordered dQ adds waited on (mosaic/dq_adds.py): a
+    CTA walks its query tiles from the last down (dkdv_kernel.py), a step costing its
+    group's heads; its share of tile j is added once the span before it in that tile's
+    order (the next lower key span of the head and batch element) has added its own,
+    and the add takes `add_steps`, one at a time a CTA; with two share slots, step j + 2
+    waits for add j. What a turn costs on the GPU is not known, hence the parameter: 0
+    gives `backward_costs`' fill. Launch order and split pieces as backward_costs."""
+    if not config.fused or config.rotated_adds or config.dkdv_q_multicast:
+        raise ValueError("the ordered adds are the fused kernel's (rotated_adds not modelled)")
+    keys = config.key_tiles_dkv * config.block_kv_dkv
+    bq, group = config.block_q_dkv, n // k
+    q_tiles, spans = _ceil(t, bq), _ceil(t, keys)
+    lo = lambda span: span * keys // bq if causal else 0  # noqa: E731
+    order = span_order(k, spans, b, config.heads_per_band(k, b))
+    units = [(h, span, e, lo(span), q_tiles) for h, span, e in order]
+    tail = split_tail.even_pieces(len(order), H100_SMS, q_tiles) if config.split_tail else None
+    if tail is not None:  # the whole CTAs, then the pieces (each its tiles of its span's)
+        units = units[: tail.whole]
+        for item, first, end in tail.table:
+            h, span, e = order[item]
+            units.append((h, span, e, max(first, lo(span)), max(end, lo(span))))
+    added = {}  # (head, batch element): each query tile's last add's end so far
+    free = [0.0] * min(H100_SMS, len(units))
+    work = last_end = 0.0
+    for h, span, e, first, end in units:  # launch order: a tile's earlier spans first
+        clock = heapq.heappop(free) + cta_steps
+        turns = added.setdefault((h, e), [0.0] * q_tiles)
+        ends: list[float] = []
+        for i, tile in enumerate(range(end - 1, first - 1, -1)):
+            clock += group
+            if i >= 2:  # two share slots: this share waits for the add two steps back
+                clock = max(clock, ends[i - 2])
+            ends.append(max(clock, ends[-1] if ends else 0.0, turns[tile]) + add_steps)
+            turns[tile] = ends[-1]
+        done = max([clock, *ends[-1:]])
+        work += cta_steps + (end - first) * group
+        last_end = max(last_end, done)
+        heapq.heappush(free, done)
+    return work / (H100_SMS * last_end)
+
+
 def report(
-    head_dim: int, seq: int, causal: bool, bands, cta_steps: float, heads: int | None = None
+    head_dim: int,
+    seq: int,
+    causal: bool,
+    bands,
+    cta_steps: float,
+    heads: int | None = None,
+    add_steps: float | None = None,
 ) -> str:
     """One line of the fa grid's shape (16k tokens a batch, 2048 // head_dim heads, or
     `heads`):
     the forward's CTAs (or items) and fill, and the backward's in bands of each of
-    `bands` heads (`MosaicBwdConfig.span_band`)."""
+    `bands` heads (`MosaicBwdConfig.span_band`); with `add_steps`, the fused kernel's
+    fill with its ordered adds waited on too (ordered_adds_fill)."""
     b, n = 16384 // seq, heads or 2048 // head_dim
     fwd = fwd_config.default_mosaic_config(head_dim, seq, causal)
     units = "items on 132 CTAs" if fwd.persistent else "CTAs"
@@ -160,6 +213,9 @@ def report(
             names = "+".join(f"{name} {len(c)}" for name, c in parts)
             what = "split" if split else f"band {band}"
             line += f" | bwd {what}: {names} CTAs fill {total:.3f}"
+            if add_steps is not None and config.fused:
+                chained = ordered_adds_fill(config, seq, b, n, n, causal, cta_steps, add_steps)
+                line += f", with the adds' turns {chained:.3f}"
     return line
 
 
@@ -171,13 +227,19 @@ def main(argv=None):
     parser.add_argument("--span-band", default="1", help="the backward's bands of heads")
     parser.add_argument("--cta-steps", type=float, default=2.0, help="a CTA's fixed cost")
     parser.add_argument("--heads", default="", help="head counts (default: the grid's)")
+    parser.add_argument(
+        "--add-steps",
+        type=float,
+        default=None,
+        help="the fused backward's ordered dQ adds waited on, each this many steps",
+    )
     args = parser.parse_args(argv)
     for h in (int(x) for x in args.head_dims.split(",")):
         for causal in (c == "true" for c in args.causal.split(",")):
             for seq in (int(x) for x in args.seqs.split(",")):
                 bands = [int(x) for x in args.span_band.split(",")]
                 for n in [int(x) for x in args.heads.split(",") if x] or [None]:
-                    print(report(h, seq, causal, bands, args.cta_steps, n))
+                    print(report(h, seq, causal, bands, args.cta_steps, n, args.add_steps))
 
 
 if __name__ == "__main__":

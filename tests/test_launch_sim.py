@@ -101,3 +101,37 @@ def test_persistent_forward_walks_every_item_once():
     tiles = 8192 // config.block_kv
     assert len(per_cta) == 132 and sum(per_cta) == 2048 * tiles
     assert {c / tiles for c in per_cta} == {15.0, 16.0}
+
+
+def test_ordered_adds_cost_nothing_free_and_sort_the_bands_when_waited_on():
+    """ordered_adds_fill: with free adds (0 steps) the fused kernel's fill is
+    backward_costs' (0.970 without a mask); with adds of a step, the causal grid's
+    spans of one head, resident together from the same top tile down, wait on each
+    other's turns, and bands of heads (spans of several heads resident) fill more,
+    while without a mask bands change little; a non-fused config is refused."""
+    fused = bwd_config.default_mosaic_bwd_config(64, False)
+    b, n = 16384 // 4096, 32
+    free = launch_sim.ordered_adds_fill(fused, 4096, b, n, n, False, 2.0, 0.0)
+    assert free == pytest.approx(0.970, abs=0.001)
+    causal = dataclasses.replace(
+        bwd_config.default_mosaic_bwd_config(64, True), span_band=1, band_pairs=1024
+    )
+    fills = {
+        band: launch_sim.ordered_adds_fill(
+            dataclasses.replace(causal, span_band=band), 16384, 1, n, n, True, 2.0, 1.0
+        )
+        for band in (1, 4, 8)
+    }
+    assert fills[1] < fills[4] - 0.1 and fills[4] < fills[8] <= 1.0, fills
+    full = [
+        launch_sim.ordered_adds_fill(
+            dataclasses.replace(fused, span_band=band), 16384, 1, n, n, False, 2.0, 1.0
+        )
+        for band in (1, 8)
+    ]
+    assert abs(full[0] - full[1]) < 0.01, full
+    line = launch_sim.report(64, 16384, True, [1, 4], cta_steps=2.0, add_steps=1.0)
+    assert line.count("with the adds' turns") == 3, line  # bands of 1 (whole, split), 4
+    with pytest.raises(ValueError, match="fused kernel's"):
+        pair = bwd_config.pair_mosaic_bwd_config(64)
+        launch_sim.ordered_adds_fill(pair, 4096, b, n, n, True, 2.0, 1.0)
