@@ -206,8 +206,11 @@ def test_a_forward_only_run_compiles_no_backward():
     (row,) = bench.run_shape(impl, s, ("fwd",), **run)
     assert row["error"] is None and row["check_ok"] and row["check_worst"] == "o"
     assert traced == []
-    rows = list(bench.run_shape(impl, s, ("fwd", "bwd"), **run))
-    assert all(r["error"] is None for r in rows) and traced
+    fwd_row, bwd_row = bench.run_shape(impl, s, ("fwd", "bwd"), **run)
+    assert fwd_row["error"] is None and traced
+    # the backward is timed as fwd+bwd minus fwd, which on a tiny shape and a busy CPU can
+    # fall within the noise (a result the harness names, not a failure of this check)
+    assert bwd_row["error"] in (None, "below timing noise: fwd+bwd <= fwd"), bwd_row["error"]
 
 
 def test_flops_convention():
