@@ -97,27 +97,34 @@ def span_order(kv_heads: int, spans: int, b: int, band: int):
     ]
 
 
-def backward_costs(config, t: int, b: int, n: int, k: int, causal: bool, cta_steps: float):
-    """[(kernel, its CTAs' costs in launch order)]: the fused kernel, or the pair's dK/dV
-    kernel then its dQ kernel (one after the other)."""
-    if config.rotated_adds or config.dkdv_q_multicast or config.dq_kv_multicast:
-        raise ValueError("rotated_adds' and the multicasts' grids are not modelled")
+def dkdv_units(config, t: int, b: int, k: int, causal: bool):
+    """(key/value head, key span, batch element, first query tile, end tile) of each
+    dK/dV (or fused) CTA in launch order: a span walks the query tiles at or below its
+    first key; with split_tail the whole CTAs, then each piece a CTA (its tiles of its
+    span's)."""
     keys = config.key_tiles_dkv * config.block_kv_dkv
     bq = config.block_q_dkv
     q_tiles, spans = _ceil(t, bq), _ceil(t, keys)
-
-    def span_cost(span):  # the query tiles at or below the span's first key, each head
-        lo = span * keys // bq if causal else 0
-        return (q_tiles - lo) * (n // k) + cta_steps
-
+    lo = lambda span: span * keys // bq if causal else 0  # noqa: E731
     order = span_order(k, spans, b, config.heads_per_band(k, b))
-    costs = [span_cost(s) for _, s, _ in order]
+    units = [(h, span, e, lo(span), q_tiles) for h, span, e in order]
     tail = split_tail.even_pieces(len(order), H100_SMS, q_tiles) if config.split_tail else None
-    if tail is not None:  # the whole CTAs, then each piece a CTA: its tiles of its span's
-        costs = costs[: tail.whole]
+    if tail is not None:
+        units = units[: tail.whole]
         for item, first, end in tail.table:
-            lo = order[item][1] * keys // bq if causal else 0
-            costs.append(max(0, end - max(first, lo)) * (n // k) + cta_steps)
+            h, span, e = order[item]
+            units.append((h, span, e, max(first, lo(span)), max(end, lo(span))))
+    return units
+
+
+def backward_costs(config, t: int, b: int, n: int, k: int, causal: bool, cta_steps: float):
+    """[(kernel, its CTAs' costs in launch order)]: the fused kernel, or the pair's dK/dV
+    kernel then its dQ kernel (one after the other); a dK/dV CTA's query tiles cost each
+    head of its group."""
+    if config.rotated_adds or config.dkdv_q_multicast or config.dq_kv_multicast:
+        raise ValueError("rotated_adds' and the multicasts' grids are not modelled")
+    units = dkdv_units(config, t, b, k, causal)
+    costs = [(end - first) * (n // k) + cta_steps for *_, first, end in units]
     out = [("fused" if config.fused else "dkdv", costs)]
     if not config.fused:
         rows = (1 if config.split_dq else config.consumers_dq) * config.block_q_dq
@@ -142,21 +149,11 @@ def ordered_adds_fill(
     order (the next lower key span of the head and batch element) has added its own,
     and the add takes `add_steps`, one at a time a CTA; with two share slots, step j + 2
     waits for add j. What a turn costs on the GPU is not known, hence the parameter: 0
-    gives `backward_costs`' fill. Launch order and split pieces as backward_costs."""
+    gives `backward_costs`' fill. The CTAs as backward_costs' (dkdv_units)."""
     if not config.fused or config.rotated_adds or config.dkdv_q_multicast:
         raise ValueError("the ordered adds are the fused kernel's (rotated_adds not modelled)")
-    keys = config.key_tiles_dkv * config.block_kv_dkv
-    bq, group = config.block_q_dkv, n // k
-    q_tiles, spans = _ceil(t, bq), _ceil(t, keys)
-    lo = lambda span: span * keys // bq if causal else 0  # noqa: E731
-    order = span_order(k, spans, b, config.heads_per_band(k, b))
-    units = [(h, span, e, lo(span), q_tiles) for h, span, e in order]
-    tail = split_tail.even_pieces(len(order), H100_SMS, q_tiles) if config.split_tail else None
-    if tail is not None:  # the whole CTAs, then the pieces (each its tiles of its span's)
-        units = units[: tail.whole]
-        for item, first, end in tail.table:
-            h, span, e = order[item]
-            units.append((h, span, e, max(first, lo(span)), max(end, lo(span))))
+    units = dkdv_units(config, t, b, k, causal)
+    group, q_tiles = n // k, _ceil(t, config.block_q_dkv)
     added = {}  # (head, batch element): each query tile's last add's end so far
     free = [0.0] * min(H100_SMS, len(units))
     work = last_end = 0.0
