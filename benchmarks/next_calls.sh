@@ -96,5 +96,25 @@ case $call in
       MOSAIC_FA_IMPLS=$M,$M/band_pairs=128,$M/span_band=1,jax.nn:cudnn \
       timeout 150 bash $G "$C" mosaic-fa:128:true
     keep fa-mosaic-bwd-band-pairs-4k ;;
-  *) echo "next_calls: no call $call (1 to 8)" >&2; exit 2 ;;
+  9) # high_spans_first (49th session): the fused backward's key spans launched from the
+    # last down and walked upward, a tile's adds in decreasing span order, so that under
+    # the causal mask each turn is due on arrival (the launch model with the adds' turns:
+    # fill 0.89-0.95 at head dim 64 against the default's 0.84-0.85; at 128 0.92-0.94
+    # against 0.96-0.99), beside the default (bands of 4 heads) and cuDNN. Its compiled
+    # tests: call 10.
+    H=$M/rotated_adds=true/high_spans_first=true
+    FA_PASSES=bwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,$H,jax.nn:cudnn \
+      timeout 270 bash $G "$C" mosaic-fa:64:true
+    keep fa-mosaic-64-true-high-spans-first
+    FA_PASSES=bwd FA_SEQS=4096,8192,16384 MOSAIC_FA_IMPLS=$M,$H,jax.nn:cudnn \
+      timeout 200 bash $G "$C" mosaic-fa:128:true
+    keep fa-mosaic-128-true-high-spans-first ;;
+  10) # the compiled tests of high_spans_first on the case table's causal rows (a turn out
+    # of order hangs or overwrites), with call 2's (the head-dim-64 causal default's).
+    K="(test_mosaic_backward and test_gpu_matches_reference and regs and causal"
+    K="$K and (h32 or h64)) or (test_mosaic_backward and test_gpu_is_bitwise_deterministic)"
+    K="$K or (test_gpu_fused_high_spans_first_matches_reference and causal)"
+    MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=520 MOSAIC_TESTS_K="$K" \
+      bash $G "$C" mosaic-tests ;;
+  *) echo "next_calls: no call $call (1 to 10)" >&2; exit 2 ;;
 esac

@@ -271,7 +271,10 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"1": 1, "2": 0, "3": 2, "4": 2, "5": 0, "6": 2, "7": 0, "8": 2}
+_CALL_VARIANTS = {
+    **{"1": 1, "2": 0, "3": 2, "4": 2, "5": 0, "6": 2, "7": 0, "8": 2},
+    **{"9": 1, "10": 0},
+}
 
 
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
@@ -288,7 +291,7 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
     proc, calls, tree = next_calls(call)
     assert proc.returncode == 0, proc.stderr
     benches = [c for c in calls if "-m benchmarks.bench" in c or "-m benchmarks.profile" in c]
-    assert benches or call == "2", calls  # call 2 runs compiled tests only
+    assert benches or call in ("2", "10"), calls  # calls 2 and 10 run compiled tests only
     variants = set()
     for line in benches:
         head_dims = [int(h) for h in (_option(line, "--head-dims") or "128").split(",")]
@@ -304,10 +307,12 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
                 assert fwd.smem_bytes(padded_head_dim(h)) <= SMEM_BYTES, (name, h)
                 check_fits(bwd, padded_head_dim(h))
     assert len(variants) == _CALL_VARIANTS[call], variants
-    if call == "2":  # the new default's compiled tests: the causal rows up to head dim 64
-        # against the reference, the defaults' determinism
+    if call in ("2", "10"):  # the new default's compiled tests: the causal rows up to
+        # head dim 64 against the reference, the defaults' determinism
         assert _one(calls, "-m pytest -m gpu", "test_gpu_matches_reference and regs and causal")
         assert _one(calls, "-m pytest -m gpu", "test_gpu_is_bitwise_deterministic")
+    if call == "10":  # and high_spans_first's
+        assert _one(calls, "-m pytest -m gpu", "test_gpu_fused_high_spans_first_matches")
     if call == "8":  # more tokens a batch than the grid's: --batches reaches the harness
         batches = {_option(line, "--seqs"): _option(line, "--batches") for line in benches}
         assert batches == {"2048": "32", "4096": "16"} and len(benches) == 3, benches
@@ -317,5 +322,5 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):
-    proc, calls, _ = next_calls("9")
-    assert proc.returncode == 2 and "no call 9" in proc.stderr and not calls
+    proc, calls, _ = next_calls("11")
+    assert proc.returncode == 2 and "no call 11" in proc.stderr and not calls

@@ -125,6 +125,9 @@ FUSED_VARIANTS = {
     "share-halves-writer-warp": {"share_halves": True, "writer_warp": True},
     "chained-share": {"chained_share": True},
     "rotated-adds": {"rotated_adds": True},
+    # The spans launched from the last down, so interpreted (CTAs in grid order) the
+    # adds run in the turns' decreasing span order, bit for bit as compiled.
+    "high-spans-first": {"rotated_adds": True, "high_spans_first": True},
     "split-writer": {"share_halves": True, "writer_warp": True, "split_writer": True},
     # Two writer warps with the whole share (head dim 64's rows: a share of N = 64).
     "writer-warps": {"writer_warp": True, "split_writer": True},
@@ -208,10 +211,16 @@ SPAN_BAND_CASE = Case(2, 130, 300, 8, 4, 64, BF16, causal=True)
     [
         (SPAN_BAND_CASE, pair_mosaic_bwd_config(64), 2),  # the pair's dK/dV kernel
         (SPAN_BAND_CASE, FUSED_ROWS, 2),  # the fused kernel, its adds over 3 spans a head
+        # the spans from the last down: their turns the same in any band
+        (
+            SPAN_BAND_CASE,
+            dataclasses.replace(FUSED_ROWS, rotated_adds=True, high_spans_first=True),
+            2,
+        ),
         # no mask, every span and tile; a band wider than the 2 heads: all at once
         (Case(2, 200, 300, 4, 2, 128, F16), FUSED, 8),
     ],
-    ids=["pair", "fused", "fused-no-mask-all-heads"],
+    ids=["pair", "fused", "fused-high-spans-first", "fused-no-mask-all-heads"],
 )
 def test_interpret_span_band_changes_no_bit(case, config, band):
     """`span_band` launches the same CTAs in another order (a band's (head, batch
@@ -248,6 +257,13 @@ def test_span_band_refuses_rotated_adds_and_zero():
     with pytest.raises(ValueError, match="band_pairs=0 must be >= 1"):
         dataclasses.replace(FUSED, band_pairs=0)
     assert dataclasses.replace(FUSED, rotated_adds=True, span_band=1).rotated_adds
+    # launched from the last span down, the turns wait on earlier CTAs only: any band
+    both = dataclasses.replace(FUSED, rotated_adds=True, high_spans_first=True, span_band=4)
+    assert both.span_band == 4
+    with pytest.raises(ValueError, match="high_spans_first .* needs rotated_adds=True"):
+        dataclasses.replace(FUSED, high_spans_first=True)
+    with pytest.raises(ValueError, match="split_tail .* not with rotated_adds"):
+        dataclasses.replace(FUSED, rotated_adds=True, high_spans_first=True, split_tail=True)
 
 
 # split_tail in interpret mode (5 pretend SMs): 12 CTAs (2 K/V heads x 3 key spans x 2
@@ -463,6 +479,75 @@ def test_rotated_adds_turns(spec, segments):
     assert rotated_batches == (1 if spec == ORDER_SPECS["full"][0] else 0)
 
 
+def _adds_complete(walks, ranks, launch, resident: int, group: int = 2) -> bool:
+    """The ordered adds' semaphore protocol with CTAs launched in `launch` order and at
+    most `resident` of them running at once (a CTA an SM; a new one starts when one
+    ends): each span's adds in its walk's order, head by head, an add going when its
+    tile's count reads its rank. True when every add is made, False on a deadlock."""
+    tiles = 1 + max(max(w) for w in walks.values())
+    counts = np.zeros((group, tiles), np.int32)
+    done = dict.fromkeys(walks, 0)
+    waiting, running = list(launch), []
+    while waiting or running:
+        while waiting and len(running) < resident:
+            running.append(waiting.pop(0))
+        progress = False
+        for span in running:
+            walk = walks[span]
+            while done[span] < group * len(walk):
+                g, i = divmod(done[span], len(walk))
+                if counts[g, walk[i]] != ranks[span, walk[i]]:
+                    break
+                counts[g, walk[i]] += 1
+                done[span] += 1
+                progress = True
+        finished = [s for s in running if done[s] == group * len(walks[s])]
+        running = [s for s in running if s not in finished]
+        if not progress and not finished:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("spec,segments", ORDER_SPECS.values(), ids=ORDER_SPECS.keys())
+def test_high_spans_first_turns_need_no_residency(spec, segments):
+    """high_spans_first: no ring, so every tile's turns go in decreasing span order
+    (dq_adds.turn with the ring flag 0, as backward.py zeroes it), the walks upward
+    from each span's first tile; launched from the last span down, the adds complete
+    with any number of CTAs resident, one included, over 640 keys (5 spans) and the
+    order tests' masks. Launched the plain way (the lowest span first) with one CTA
+    resident, they would not, wherever a tile has two visitors: what the reversed
+    launch order is for."""
+    from pallas_flash.mosaic import dq_adds
+
+    ranges, tiles = _order_ranges(spec, segments, S=640)
+    index, first, last = (np.asarray(x) for x in dq_adds.order_tables(ranges, tiles))
+    count = np.asarray(dq_adds.ring_table(ranges))[:, 0]
+    ranges = np.asarray(ranges)
+    for b in range(ranges.shape[0]):
+        walks, ranks = {}, {}
+        for span in range(ranges.shape[1]):
+            lo, full_lo, full_hi, hi = (int(x) for x in ranges[b, span])
+            if hi <= lo:
+                continue
+            walks[span] = [
+                int(dq_adds.walk_tile(j, lo, full_lo, full_hi, 0)) for j in range(hi - lo)
+            ]
+            for i in walks[span]:
+                own = index[b, span]
+                rank, _ = dq_adds.turn(
+                    own, first[b, i], last[b, i], i, count[b], 0, full_lo, full_hi
+                )
+                ranks[span, i] = int(rank)
+                assert int(rank) == last[b, i] - own  # decreasing span order
+        if not walks:
+            continue
+        high_first = sorted(walks, reverse=True)
+        for resident in (1, 2, len(walks)):
+            assert _adds_complete(walks, ranks, high_first, resident), (b, resident)
+        shared = any(last[b, m] > first[b, m] for m in range(tiles))
+        assert _adds_complete(walks, ranks, sorted(walks), 1) == (not shared), b
+
+
 def test_fused_config_validation():
     with pytest.raises(ValueError, match="split_dkv=False"):
         MosaicBwdConfig(fused=True, split_dkv=True)
@@ -609,6 +694,20 @@ def test_gpu_fused_rotated_adds_matches_reference(case):
     config = dataclasses.replace(
         _fused_fa3_steps(case.head_dim), share_halves=True, writer_warp=True, rotated_adds=True
     )
+    first = _compare(case, config, interpret=False, seed=_seed(case))
+    chex.assert_trees_all_equal(first, _compare(case, config, False, seed=_seed(case)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
+def test_gpu_fused_high_spans_first_matches_reference(case):
+    """The spans launched from the last down (high_spans_first), compiled on the default
+    row (in bands of 4 heads where causal): the reference's tolerance, and two calls the
+    same bits (its own order, decreasing span). A turn out of order would hang (the
+    test's timeout) or overwrite."""
+    default = default_mosaic_bwd_config(case.head_dim, case.causal)
+    assert default.fused  # every head dim up to 128 (BWD_FUSED_ROWS)
+    config = dataclasses.replace(default, rotated_adds=True, high_spans_first=True)
     first = _compare(case, config, interpret=False, seed=_seed(case))
     chex.assert_trees_all_equal(first, _compare(case, config, False, seed=_seed(case)))
 

@@ -428,6 +428,15 @@ FUSED_LOWERINGS = {
         False,
     ),
     "h128-rotated-segments": (128, dataclasses.replace(FUSED, rotated_adds=True), True),
+    # The spans launched from the last down (high_spans_first), in the build the
+    # head-dim-64 causal default takes (its bands of 4 heads).
+    "h64-default-causal-high-spans-first": (
+        64,
+        dataclasses.replace(
+            default_mosaic_bwd_config(64, True), rotated_adds=True, high_spans_first=True
+        ),
+        False,
+    ),
     # Two writer warps, a slot each, in the build timed.
     "h128-fa3-order-step-descriptors-halves-split-writer": (
         128,

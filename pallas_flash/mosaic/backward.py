@@ -273,22 +273,27 @@ def backward(
     order = dq_adds.order_tables(ranges, num_q_tiles) if fused else ()
     spans = s_pad // range_keys
     if config.rotated_adds:
-        order += (dq_adds.ring_table(ranges),)
+        ring = dq_adds.ring_table(ranges)
+        if config.high_spans_first:  # no ring: every turn in decreasing span order
+            ring = ring.at[:, 1].set(0)
+        order += (ring,)
         # A span may wait on one of higher index: all of a head's must be resident at
-        # once (the grid below launches them together, one CTA an SM).
-        if interpret is False and spans > sm_count():
+        # once (the grid below launches them together, one CTA an SM); high_spans_first
+        # launches the higher ones first instead.
+        if interpret is False and not config.high_spans_first and spans > sm_count():
             raise ValueError(
                 f"rotated_adds needs a head's {spans} key spans resident at once, at most "
                 f"the GPU's {sm_count()} SMs: fewer keys, or rotated_adds=False"
             )
     # The launch order is the grid's last axis fastest: with rotated_adds a head's
-    # spans come one after another, else its spans of each batch element; in bands of
+    # spans come one after another, else its spans of each batch element (with
+    # high_spans_first the kernel reads the span axis from the last span down); in bands of
     # span_band heads (fewer where band_pairs caps them), every (head, batch element) of
     # a band's first span, then every second one, then the next band (a grid of four
     # axes: Mosaic folds the first two into one CUDA axis, the first slower).
     band = config.heads_per_band(K, B)
     grid, grid_names = (K, spans, B), ("heads", "kv_tiles", "batch")
-    if config.rotated_adds:
+    if config.rotated_adds and not config.high_spans_first:
         grid, grid_names = (B, K, spans), ("batch", "heads", "kv_tiles")
     elif band > 1:
         grid = (K // band, spans, band, B)
@@ -321,6 +326,7 @@ def backward(
             interpret=interpreted,
             semaphores=(B, N, num_q_tiles) if fused else None,
             band=band,
+            spans=spans,
             tail=None if tail is None else (tail.whole, spans, B),
         ),
         out_type=tuple(out_type),

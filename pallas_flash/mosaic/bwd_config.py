@@ -322,6 +322,23 @@ class MosaicBwdConfig:
       that ran, and ran the backward at 0.96x / 0.94x the plain order at head dim 128 8k
       non-causal / causal (407.0 / 390.8 against 425.9 / 414.5 TFLOP/s, docs/mosaic.md, "Turns
       in arrival order"): off.
+    high_spans_first: rotated_adds launched the other way round: each head's key spans
+      from the last down (the grid's span axis reversed) and no rotated walk (no
+      ring), so at every query tile the adds go in decreasing span order and each
+      span waits only on CTAs launched before it. A head's spans then need not be
+      resident together (any number of spans; span_band applies). Under a causal
+      mask the spans' query ranges end together, so walking upward the span above
+      reaches each tile steps before the one below and every turn is due on arrival,
+      where the plain order's spans (walking down) reach a tile at one step and queue
+      down the spans (dq_adds' module doc). The launch model with the adds' turns
+      (`benchmarks.launch_sim --add-steps 1`, head dim 64 causal, bands of 4) puts the
+      fill at 0.89 / 0.92 / 0.94 / 0.95 at 2k / 4k / 8k / 16k against the plain
+      order's 0.84-0.85; at head dim 128 (A = 0.5) at 0.92-0.94 against 0.96-0.99,
+      since the longest spans now launch last and the grid ends less evenly. Without
+      a mask it is the plain order walked upward (every span reaches a tile at one
+      step). Deterministic: the same order every call, not the plain order's bits.
+      GPU interpret mode runs the CTAs in grid order, which is the adds' order here,
+      so it checks the sums bit for bit; off, untimed.
     span_band: the dK/dV (or fused) kernel's launch order, in bands of this many
       key/value heads (the largest divisor of the kernel's head count not above it):
       a band's first key span of every (head, batch element), then every second
@@ -344,9 +361,10 @@ class MosaicBwdConfig:
       the plain order at head dim 128 causal 16k / 8k / 4k, and 0.995x / 0.92x /
       0.93x at 64 (docs/mosaic.md, "Launch order of the backward's key spans").
       Checked in GPU interpret mode (the same bits); not with rotated_adds (whose
-      turns need a head's spans resident together). 4 in the causal fused rows
-      (BWD_CAUSAL_SPAN_BAND: 1.004-1.027x the plain order at head dim 128 4k-16k on an
-      H100, at 64 1.04-1.07x the pair where the plain order ran 0.85x), else 1.
+      turns need a head's spans resident together) unless high_spans_first. 4 in the
+      causal fused rows (BWD_CAUSAL_SPAN_BAND: 1.004-1.027x the plain order at head
+      dim 128 4k-16k on an H100, at 64 1.04-1.07x the pair where the plain order ran
+      0.85x), else 1.
     band_pairs: the most (key/value head, batch element) pairs one band of span_band may
       hold: the band narrows (to one head at least) where span_band heads of the call's
       batch would hold more. Every timing so far had 16k tokens a batch, so a band of g
@@ -445,6 +463,7 @@ class MosaicBwdConfig:
     writer_warp: bool = False
     chained_share: bool = False
     rotated_adds: bool = False
+    high_spans_first: bool = False
     split_writer: bool = False
     span_band: int = 1
     band_pairs: int = 32
@@ -532,10 +551,15 @@ class MosaicBwdConfig:
             raise ValueError(
                 f"band_pairs={self.band_pairs} must be >= 1 ((head, batch element) pairs a band)"
             )
-        if self.rotated_adds and self.span_band != 1:
+        if self.high_spans_first and not self.rotated_adds:
+            raise ValueError(
+                "high_spans_first launches rotated_adds' spans from the last down: it "
+                "needs rotated_adds=True"
+            )
+        if self.rotated_adds and not self.high_spans_first and self.span_band != 1:
             raise ValueError(
                 "rotated_adds needs a head's key spans launched together: not with "
-                f"span_band={self.span_band}, only 1"
+                f"span_band={self.span_band}, only 1 (or with high_spans_first=True)"
             )
         if self.split_writer and not (self.writer_warp and not self.chained_share):
             raise ValueError(

@@ -73,6 +73,7 @@ def dkdv_kernel(
     interpret: bool,
     semaphores: tuple[int, ...] | None,
     band: int,
+    spans: int,
     tail: tuple[int, int, int] | None = None,
 ):
     # After the nine inputs above: the segment ids ([B, T], [B, S]) when given, the
@@ -105,6 +106,8 @@ def dkdv_kernel(
         else:
             kv_head = lax.axis_index("heads")
         span = lax.axis_index("kv_tiles")  # with dkdv_q_multicast, a cluster of two spans
+        if config.high_spans_first:  # the grid's span axis from the last span down
+            span = jnp.int32(spans - 1) - span
     wg = lax.axis_index("wg")
     # The query tiles this CTA walks: its own key span's, or its cluster's (both spans').
     lo, full_lo, full_hi, hi = (ranges_ref[b, span, c] for c in range(4))
@@ -228,6 +231,7 @@ def dkdv_kernel(
             part=part,
             interpret=interpret,
             rotated=rotated,
+            descending=config.high_spans_first,
         )
 
     @pl.when(wg == consumers)

@@ -49,7 +49,10 @@ walk their query tiles upward and a tile's adds go in decreasing span order, or 
 mask cuts the spans each CTA's walk is rotated by its index and the turns go round from
 the span that reached the tile first (`turn`), so that when the CTAs run at one pace
 every turn is due on arrival; a span then waits on spans of higher index, so a head's
-spans are launched together and must all be resident (at most one span an SM).
+spans are launched together and must all be resident (at most one span an SM), unless
+`high_spans_first` launches each head's spans from the last down (and drops the
+rotation): then every wait is on a CTA launched earlier, and under a causal mask the
+span above still reaches each tile first.
 `split_writer` (with writer_warp): two writer warps, one a slot, so one step's adds wait
 and land while the next step's go out.
 
@@ -440,6 +443,7 @@ def writer(
     sems,
     interpret: bool,
     rotated: bool = False,
+    descending: bool = False,
     registers: bool = True,
     parity: int | None = None,
 ):
@@ -449,7 +453,8 @@ def writer(
     adds each step's shares to dQ [B, T, N, H] (float32) in the order of the module
     doc. `steps` is the CTA's query-tile range (lo, full_lo, full_hi, hi), walked for
     each head of the group as the consumers do: from hi - 1 down, or with `rotated`
-    (rotated_adds) upward, in the order `turn` gives. A slot is freed as soon as its
+    (rotated_adds) upward, in the order `turn` gives (`descending`: high_spans_first's
+    grid, whose CTAs run in that order interpreted too). A slot is freed as soon as its
     TMA has read it; the turn is handed over once the adds have landed. `sems`:
     `semaphores`' (None interpreted)."""
     if registers:
@@ -477,9 +482,10 @@ def writer(
         h = kv_head * group + g
         return h, walk_tile(j, lo, full_lo, full_hi, rot) if rotated else hi - 1 - j
 
-    # Interpreted, the CTAs run one by one in grid order (increasing span index), and
-    # the first of them stores: the plain order's ranks.
-    turns = rotated and not interpret
+    # Interpreted, the CTAs run one by one in grid order (increasing span index, or
+    # with high_spans_first decreasing, the turns' order), and the first of them
+    # stores: the plain order's ranks, or the turns'.
+    turns = rotated and (descending or not interpret)
 
     def rotated_order(i):
         """(rank, is last, is not last) of this CTA's add to query tile i (`turn`)."""
