@@ -13,7 +13,9 @@ what sets a step's time (bandwidth, L2, a step's waits), so it says what the cou
 the order of the CTAs cost, nothing else: the waves of equal CTAs (2048 on 132 SMs fill
 15.5 of 16 waves, 0.970) and the tail of a causal grid. No GPU; no JAX tracing.
 `--add-steps A` adds one wait to the fused backward's: each dQ add waits for the lower
-key span's add to the same query tile, and takes A steps (ordered_adds_fill).
+key span's add to the same query tile, and takes A steps (ordered_adds_fill); with
+`--high-spans-first`, also that fill with the spans launched from the last down
+(MosaicBwdConfig.high_spans_first).
 """
 
 from __future__ import annotations
@@ -84,12 +86,13 @@ def forward_costs(config, t: int, b: int, n: int, causal: bool, cta_steps: float
     return per_cta
 
 
-def span_order(kv_heads: int, spans: int, b: int, band: int):
+def span_order(kv_heads: int, spans: int, b: int, band: int, high_first: bool = False):
     """(key/value head, key span, batch element) in the dK/dV (fused) grid's launch order
     (`backward.py`): in bands of `band` heads, each band's first spans, then its second
-    ones; a band of 1 is head by head."""
+    ones; a band of 1 is head by head. `high_first` (high_spans_first): the spans from
+    the last down."""
     return [
-        (g * band + hh, span, e)
+        (g * band + hh, spans - 1 - span if high_first else span, e)
         for g in range(kv_heads // band)
         for span in range(spans)
         for hh in range(band)
@@ -106,7 +109,7 @@ def dkdv_units(config, t: int, b: int, k: int, causal: bool):
     bq = config.block_q_dkv
     q_tiles, spans = _ceil(t, bq), _ceil(t, keys)
     lo = lambda span: span * keys // bq if causal else 0  # noqa: E731
-    order = span_order(k, spans, b, config.heads_per_band(k, b))
+    order = span_order(k, spans, b, config.heads_per_band(k, b), config.high_spans_first)
     units = [(h, span, e, lo(span), q_tiles) for h, span, e in order]
     tail = split_tail.even_pieces(len(order), H100_SMS, q_tiles) if config.split_tail else None
     if tail is not None:
@@ -121,8 +124,9 @@ def backward_costs(config, t: int, b: int, n: int, k: int, causal: bool, cta_ste
     """[(kernel, its CTAs' costs in launch order)]: the fused kernel, or the pair's dK/dV
     kernel then its dQ kernel (one after the other); a dK/dV CTA's query tiles cost each
     head of its group."""
-    if config.rotated_adds or config.dkdv_q_multicast or config.dq_kv_multicast:
-        raise ValueError("rotated_adds' and the multicasts' grids are not modelled")
+    ring = config.rotated_adds and not config.high_spans_first
+    if ring or config.dkdv_q_multicast or config.dq_kv_multicast:
+        raise ValueError("rotated_adds' ring and the multicasts' grids are not modelled")
     units = dkdv_units(config, t, b, k, causal)
     costs = [(end - first) * (n // k) + cta_steps for *_, first, end in units]
     out = [("fused" if config.fused else "dkdv", costs)]
@@ -149,9 +153,16 @@ def ordered_adds_fill(
     order (the next lower key span of the head and batch element) has added its own,
     and the add takes `add_steps`, one at a time a CTA; with two share slots, step j + 2
     waits for add j. What a turn costs on the GPU is not known, hence the parameter: 0
-    gives `backward_costs`' fill. The CTAs as backward_costs' (dkdv_units)."""
-    if not config.fused or config.rotated_adds or config.dkdv_q_multicast:
-        raise ValueError("the ordered adds are the fused kernel's (rotated_adds not modelled)")
+    gives `backward_costs`' fill. The CTAs as backward_costs' (dkdv_units). With
+    high_spans_first a CTA walks upward and a tile's adds go in decreasing span, which
+    is its launch order too (so the same bookkeeping: each add after the one launched
+    before it to that tile); nothing of the L2 is modelled (a head's spans reading one
+    Q and dO tile together in the plain order, spread over its tiles in this one)."""
+    ring = config.rotated_adds and not config.high_spans_first
+    if not config.fused or ring or config.dkdv_q_multicast:
+        raise ValueError(
+            "the ordered adds are the fused kernel's (rotated_adds' ring not modelled)"
+        )
     units = dkdv_units(config, t, b, k, causal)
     group, q_tiles = n // k, _ceil(t, config.block_q_dkv)
     added = {}  # (head, batch element): each query tile's last add's end so far
@@ -161,7 +172,8 @@ def ordered_adds_fill(
         clock = heapq.heappop(free) + cta_steps
         turns = added.setdefault((h, e), [0.0] * q_tiles)
         ends: list[float] = []
-        for i, tile in enumerate(range(end - 1, first - 1, -1)):
+        walk = range(first, end) if config.high_spans_first else range(end - 1, first - 1, -1)
+        for i, tile in enumerate(walk):
             clock += group
             if i >= 2:  # two share slots: this share waits for the add two steps back
                 clock = max(clock, ends[i - 2])
@@ -182,12 +194,14 @@ def report(
     cta_steps: float,
     heads: int | None = None,
     add_steps: float | None = None,
+    high_first: bool = False,
 ) -> str:
     """One line of the fa grid's shape (16k tokens a batch, 2048 // head_dim heads, or
     `heads`):
     the forward's CTAs (or items) and fill, and the backward's in bands of each of
     `bands` heads (`MosaicBwdConfig.span_band`); with `add_steps`, the fused kernel's
-    fill with its ordered adds waited on too (ordered_adds_fill)."""
+    fill with its ordered adds waited on too (ordered_adds_fill), and with `high_first`
+    that fill launched from the last span down (high_spans_first)."""
     b, n = 16384 // seq, heads or 2048 // head_dim
     fwd = fwd_config.default_mosaic_config(head_dim, seq, causal)
     units = "items on 132 CTAs" if fwd.persistent else "CTAs"
@@ -213,6 +227,10 @@ def report(
             if add_steps is not None and config.fused:
                 chained = ordered_adds_fill(config, seq, b, n, n, causal, cta_steps, add_steps)
                 line += f", with the adds' turns {chained:.3f}"
+                if high_first:
+                    high = dataclasses.replace(config, rotated_adds=True, high_spans_first=True)
+                    up = ordered_adds_fill(high, seq, b, n, n, causal, cta_steps, add_steps)
+                    line += f", high spans first {up:.3f}"
     return line
 
 
@@ -230,13 +248,28 @@ def main(argv=None):
         default=None,
         help="the fused backward's ordered dQ adds waited on, each this many steps",
     )
+    parser.add_argument(
+        "--high-spans-first",
+        action="store_true",
+        help="with --add-steps, the fused backward launched from the last key span down",
+    )
     args = parser.parse_args(argv)
     for h in (int(x) for x in args.head_dims.split(",")):
         for causal in (c == "true" for c in args.causal.split(",")):
             for seq in (int(x) for x in args.seqs.split(",")):
                 bands = [int(x) for x in args.span_band.split(",")]
                 for n in [int(x) for x in args.heads.split(",") if x] or [None]:
-                    print(report(h, seq, causal, bands, args.cta_steps, n, args.add_steps))
+                    line = report(
+                        h,
+                        seq,
+                        causal,
+                        bands,
+                        args.cta_steps,
+                        n,
+                        args.add_steps,
+                        args.high_spans_first,
+                    )
+                    print(line)
 
 
 if __name__ == "__main__":

@@ -189,6 +189,8 @@ def test_fa_seqs_narrow_the_grid_steps(gpu_run):
     assert "--seqs 16384" in _one(calls, "--suite fa", "--head-dims 64")
     _, calls, _ = gpu_run("fa-grid:128:true:120")
     assert "--seqs" not in _one(calls[-1:], "--suite fa")
+    _, calls, _ = gpu_run("mosaic-fa:128:true", FA_SEQS="2048", FA_BATCHES="32")
+    assert "--batches 32" in _one(calls, "--suite fa", "--seqs 2048")
 
 
 def test_masks_ours_takes_its_labels_and_implementations(gpu_run):
@@ -241,7 +243,7 @@ def _option(line: str, flag: str) -> str | None:
 @pytest.fixture
 def next_calls(tmp_path):
     """Runs benchmarks/next_calls.sh COMMIT CALL with the stand-in python3, in a copy of
-    the files it reads or changes (call 5 patches dq_adds.py: never this tree's)."""
+    the files it reads or changes (call 4 patches dq_adds.py: never this tree's)."""
     tree = tmp_path / "tree"
     for rel in (
         "benchmarks/gpu_run.sh",
@@ -271,10 +273,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {
-    **{"1": 1, "2": 0, "3": 2, "4": 2, "5": 0, "6": 2, "7": 0, "8": 2},
-    **{"9": 1, "10": 0},
-}
+_CALL_VARIANTS = {"1": 1, "2": 1, "3": 0, "4": 0, "5": 2, "6": 0}
 
 
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
@@ -291,7 +290,7 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
     proc, calls, tree = next_calls(call)
     assert proc.returncode == 0, proc.stderr
     benches = [c for c in calls if "-m benchmarks.bench" in c or "-m benchmarks.profile" in c]
-    assert benches or call in ("2", "10"), calls  # calls 2 and 10 run compiled tests only
+    assert benches, calls
     variants = set()
     for line in benches:
         head_dims = [int(h) for h in (_option(line, "--head-dims") or "128").split(",")]
@@ -307,20 +306,13 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
                 assert fwd.smem_bytes(padded_head_dim(h)) <= SMEM_BYTES, (name, h)
                 check_fits(bwd, padded_head_dim(h))
     assert len(variants) == _CALL_VARIANTS[call], variants
-    if call in ("2", "10"):  # the new default's compiled tests: the causal rows up to
-        # head dim 64 against the reference, the defaults' determinism
-        assert _one(calls, "-m pytest -m gpu", "test_gpu_matches_reference and regs and causal")
-        assert _one(calls, "-m pytest -m gpu", "test_gpu_is_bitwise_deterministic")
-    if call == "10":  # and high_spans_first's
-        assert _one(calls, "-m pytest -m gpu", "test_gpu_fused_high_spans_first_matches")
-    if call == "8":  # more tokens a batch than the grid's: --batches reaches the harness
-        batches = {_option(line, "--seqs"): _option(line, "--batches") for line in benches}
-        assert batches == {"2048": "32", "4096": "16"} and len(benches) == 3, benches
-    if call == "5":  # the patch applied to the copy, which the rest of the call ran on
+    if call == "2":  # two processes, each its own results file
+        assert len(benches) == 2 and all("--head-dims 64" in line for line in benches)
+    if call == "4":  # the patch applied to the copy, which the rest of the call ran on
         assert "not again" in (tree / "pallas_flash/mosaic/dq_adds.py").read_text()
         assert _one(calls, "-m pytest -m gpu", "test_gpu_is_bitwise_deterministic")
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):
-    proc, calls, _ = next_calls("11")
-    assert proc.returncode == 2 and "no call 11" in proc.stderr and not calls
+    proc, calls, _ = next_calls("7")
+    assert proc.returncode == 2 and "no call 7" in proc.stderr and not calls

@@ -135,3 +135,25 @@ def test_ordered_adds_cost_nothing_free_and_sort_the_bands_when_waited_on():
     with pytest.raises(ValueError, match="fused kernel's"):
         pair = bwd_config.pair_mosaic_bwd_config(64)
         launch_sim.ordered_adds_fill(pair, 4096, b, n, n, True, 2.0, 1.0)
+
+
+def test_high_spans_first_launches_the_last_span_first_and_walks_up():
+    """high_spans_first in the model: the launch order's spans from the last down (the
+    longest causal walks last), each walking upward. Without add costs the causal grid
+    ends less evenly than the plain order (its longest CTAs at the end); with adds of a
+    step the turns no longer queue (each span reaches a tile after the one above it),
+    so at head dim 64 causal 16k the fill passes the plain order's by far: the model's
+    claim, which the H100 did not bear out (results/mosaic-4c2c14e/)."""
+    base = bwd_config.default_mosaic_bwd_config(64, True)
+    high = dataclasses.replace(base, rotated_adds=True, high_spans_first=True)
+    units = launch_sim.dkdv_units(high, 1024, 1, 1, True)
+    spans = [span for _, span, *_ in units]
+    assert spans == sorted(spans, reverse=True) and spans[-1] == 0
+
+    def fill(config, adds):
+        return launch_sim.ordered_adds_fill(config, 16384, 1, 32, 32, True, 2.0, adds)
+
+    assert fill(high, 0.0) < fill(base, 0.0) - 0.01
+    assert fill(high, 1.0) > fill(base, 1.0) + 0.05
+    line = launch_sim.report(64, 16384, True, [4], 2.0, add_steps=1.0, high_first=True)
+    assert "high spans first" in line, line

@@ -338,7 +338,13 @@ class MosaicBwdConfig:
       a mask it is the plain order walked upward (every span reaches a tile at one
       step). Deterministic: the same order every call, not the plain order's bits.
       GPU interpret mode runs the CTAs in grid order, which is the adds' order here,
-      so it checks the sums bit for bit; off, untimed.
+      so it checks the sums bit for bit. Compiled at 4c2c14e on an H100: 14 of 14
+      causal case-table rows (the reference, two calls the same bits); timed there
+      beside the default, 1.005x / 0.964x / 0.996x / 1.016x at head dim 64 causal 2k
+      / 4k / 8k / 16k and 0.75x / 0.79x / 0.83x at 128 causal 4k / 8k / 16k: the
+      model leaves out the L2 (the plain order's resident spans read one Q and dO
+      tile together; these walk a span's width apart). Off (docs/mosaic.md, "The
+      spans launched from the last down").
     span_band: the dK/dV (or fused) kernel's launch order, in bands of this many
       key/value heads (the largest divisor of the kernel's head count not above it):
       a band's first key span of every (head, batch element), then every second
@@ -374,8 +380,10 @@ class MosaicBwdConfig:
       64 pairs: 0.93x bands of 4, which hold 32), those of 32 or fewer not (bands of 8
       at 64 causal 4k, 32 pairs: 1.008x bands of 4). 32, so that the default's bands
       of 4 are whole at 16k tokens from 2k and narrow for a larger batch (at 2k with
-      64k tokens, 32 elements: one head, the plain order's own 32 pairs); untimed
-      there yet (docs/mosaic.md, "Launch order of the backward's key spans").
+      64k tokens, 32 elements: one head, the plain order's own 32 pairs). Timed there
+      at 4c2c14e on an H100: whole bands of 4 (band_pairs=128) ran 0.64x / 0.67x the
+      default at head dims 128 / 64 causal 2k (128 pairs) and 0.73x at 128 causal 4k
+      (64 pairs) (docs/mosaic.md, "Launch order of the backward's key spans").
     split_tail: the dK/dV (or fused) kernel's last wave (when the GPU's SMs do not divide
       its CTAs) split by query tiles over every SM (mosaic/split_tail.py, even_pieces):
       the whole CTAs run in the plain launch order on a grid of one axis, then each CTA
@@ -796,13 +804,16 @@ def fused_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
 # 377.8 / 412.9; fa-mosaic-64-true-fused-bands.jsonl), and in a second run 1.05x /
 # 1.06x / 1.07x at 4k / 8k / 16k (fa-mosaic-64-true-span-band.jsonl); as the default at
 # 9abcf47 (results/mosaic-9abcf47/fa-mosaic-64-true-default.jsonl) 0.95x / 1.08x / 1.06x /
-# 1.09x the pair (cuDNN 1.00x / 1.09x / 1.06x / 1.04x): 2k is noise or a loss.
+# 1.09x the pair (cuDNN 1.00x / 1.09x / 1.06x / 1.04x): 2k noise or a loss, and at
+# 4c2c14e 1.07x / 1.06x / 1.05x / 1.07x (cuDNN 1.20x / 1.11x / 1.10x / 1.03x;
+# results/mosaic-4c2c14e/fa-mosaic-64-true-bwd-bands.jsonl): noise, the row needs no length.
 # Head-major (one band) the fused build ran 0.85x the pair, in bands of 2 1.00x / 0.99x /
 # 0.99x; bands of 8 0.98x / 1.05x / 1.09x / 1.08x (better from 4k, worse at 2k; the band
 # is not a function of the length yet). Compiled, bands of 4 give the plain order's bits on the
 # fused case-table rows, head dim 64 causal among them (test_gpu_span_band_changes_no_bit,
-# mosaic-tests.log there); as the default, the case table's causal rows up to 64 that
-# ran (7, before a timeout; results/mosaic-9abcf47/mosaic-tests-fused64-causal.log).
+# mosaic-tests.log there); as the default, the case table's 8 causal rows up to 64 and
+# the defaults' determinism at 64-256 both ways, 14 of 14 at 4c2c14e
+# (results/mosaic-4c2c14e/mosaic-tests-call-10.log).
 # (padded head dim, causal) of the rows whose default is this build:
 BWD_FUSED_ROWS = frozenset({(64, False), (64, True), (128, False), (128, True)})
 BWD_SHARE_HALVES = False
@@ -830,7 +841,10 @@ def fused_full_bwd_config(head_dim: int) -> MosaicBwdConfig:
 # 2 gave the plain order's bits on the 25 fused case-table rows (mosaic-tests-call-4.log,
 # test_gpu_span_band_changes_no_bit), and at 1fc58b7 bands of 4 did
 # (results/mosaic-1fc58b7/mosaic-tests.log, 43 of 43 with the defaults' determinism).
-# Head dim 64 causal takes the same bands (BWD_FUSED_ROWS above).
+# Head dim 64 causal takes the same bands (BWD_FUSED_ROWS above); bands of 8 there ran
+# 0.951x / 0.991x / 0.983x / 1.028x bands of 4 at 2k-16k at 4c2c14e (an H100,
+# results/mosaic-4c2c14e/fa-mosaic-64-true-bwd-bands.jsonl), short of the 3 % from 8k that
+# would have taken them.
 BWD_CAUSAL_SPAN_BAND = 4
 
 

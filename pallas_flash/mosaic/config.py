@@ -335,7 +335,12 @@ class MosaicConfig:
       it. Compiled, the same bits (above); with o_from_registers at head dim 256
       non-causal 518.9 / 607.1 TFLOP/s against the default's 591.0 / 649.6 at 2k / 8k
       (0.88x / 0.93x), slower than O from registers alone (where the early load costs
-      the loop's last step is not measured). Off.
+      the loop's last step is not measured). At head dim 64 (an O buffer) on an H100 at
+      4c2c14e, one process: non-causal 408.7 / 437.5 TFLOP/s at 1k / 2k against the
+      default's 384.0 / 425.8 and a second copy of it, 394.7 / 427.4 (1.035-1.064x,
+      1.024-1.027x); causal, where the default is not persistent, 0.88x / 0.87x it, as
+      the persistent grid alone. Off: the next device call (docs/mosaic.md) times it at
+      1k-16k twice.
     poly_exp2_cols: the first this many columns of each score tile (a multiple of 8, at
       most block_kv) take their exp2 from a cubic on the FMA and integer units
       (softmax.exp2_poly, relative error below 8e-5, below bfloat16's and float16's
