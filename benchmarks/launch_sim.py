@@ -156,8 +156,9 @@ def ordered_adds_fill(
     gives `backward_costs`' fill. The CTAs as backward_costs' (dkdv_units). With
     high_spans_first a CTA walks upward and a tile's adds go in decreasing span, which
     is its launch order too (so the same bookkeeping: each add after the one launched
-    before it to that tile); nothing of the L2 is modelled (a head's spans reading one
-    Q and dO tile together in the plain order, spread over its tiles in this one)."""
+    before it to that tile). Timed, it did not do what this says (docs/mosaic.md, "The
+    spans launched from the last down"): nothing a step costs beyond its count and the
+    turns is modelled (the L2 among it)."""
     ring = config.rotated_adds and not config.high_spans_first
     if not config.fused or ring or config.dkdv_q_multicast:
         raise ValueError(

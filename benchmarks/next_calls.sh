@@ -72,5 +72,21 @@ case $call in
     PROFILE_KERNELS=pallas_flash_mosaic_bwd PROFILE_IMPLS=$M PROFILE_DETAILS=1 \
       PROFILE_SECTIONS=MemoryWorkloadAnalysis_Tables,WarpStateStats timeout 200 \
       bash $G "$C" profile-fa:128:8192:false ;;
-  *) echo "next_calls: no call $call (1 to 6)" >&2; exit 2 ;;
+  7) # what the fused backward's turns cost under the causal mask, measured rather than
+    # modelled: the default (bands of 4) and high_spans_first at head dims 64 and 128, 8k
+    # and 16k, then the same with the writer's turn waits taken out (no-turns.patch on
+    # this copy of the tree: the adds in any order, wrong sums, the same traffic). The
+    # launch model says the turns' queue is what is left at 64 causal; high_spans_first,
+    # which should have taken it away, ran 0.96-1.02x there and 0.75-0.83x at 128.
+    H=$M/rotated_adds=true/high_spans_first=true
+    FA_PASSES=bwd FA_SEQS=8192,16384 MOSAIC_FA_IMPLS=$M,$H,jax.nn:cudnn timeout 170 \
+      bash $G "$C" mosaic-fa:64:true mosaic-fa:128:true
+    keep fa-mosaic-bwd-turns
+    P=benchmarks/results/mosaic-5de773c/no-turns.patch
+    if patch -p1 --forward < $P && grep -q "no-turns.patch" pallas_flash/mosaic/dq_adds.py; then
+      FA_PASSES=bwd FA_SEQS=8192,16384 MOSAIC_FA_IMPLS=$M,$H,jax.nn:cudnn timeout 170 \
+        bash $G "$C-no-turns" mosaic-fa:64:true mosaic-fa:128:true
+      keep fa-mosaic-bwd-no-turns
+    else echo "next_calls: $P does not apply here" >&2; exit 1; fi ;;
+  *) echo "next_calls: no call $call (1 to 7)" >&2; exit 2 ;;
 esac

@@ -243,12 +243,13 @@ def _option(line: str, flag: str) -> str | None:
 @pytest.fixture
 def next_calls(tmp_path):
     """Runs benchmarks/next_calls.sh COMMIT CALL with the stand-in python3, in a copy of
-    the files it reads or changes (call 4 patches dq_adds.py: never this tree's)."""
+    the files it reads or changes (calls 4 and 7 patch dq_adds.py: never this tree's)."""
     tree = tmp_path / "tree"
     for rel in (
         "benchmarks/gpu_run.sh",
         "benchmarks/next_calls.sh",
         "benchmarks/results/mosaic-3167827/hand-over.patch",
+        "benchmarks/results/mosaic-5de773c/no-turns.patch",
         "pallas_flash/mosaic/dq_adds.py",
     ):
         (tree / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -273,7 +274,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"1": 1, "2": 1, "3": 0, "4": 0, "5": 2, "6": 0}
+_CALL_VARIANTS = {"1": 1, "2": 1, "3": 0, "4": 0, "5": 2, "6": 0, "7": 1}
 
 
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
@@ -308,11 +309,14 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
     assert len(variants) == _CALL_VARIANTS[call], variants
     if call == "2":  # two processes, each its own results file
         assert len(benches) == 2 and all("--head-dims 64" in line for line in benches)
+    if call == "7":  # the timings before and after the diagnostic patch, on the copy
+        assert "no-turns.patch" in (tree / "pallas_flash/mosaic/dq_adds.py").read_text()
+        assert len(benches) == 4 and "no-turns" in benches[-1], benches
     if call == "4":  # the patch applied to the copy, which the rest of the call ran on
         assert "not again" in (tree / "pallas_flash/mosaic/dq_adds.py").read_text()
         assert _one(calls, "-m pytest -m gpu", "test_gpu_is_bitwise_deterministic")
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):
-    proc, calls, _ = next_calls("7")
-    assert proc.returncode == 2 and "no call 7" in proc.stderr and not calls
+    proc, calls, _ = next_calls("8")
+    assert proc.returncode == 2 and "no call 8" in proc.stderr and not calls

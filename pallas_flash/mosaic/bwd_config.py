@@ -341,10 +341,10 @@ class MosaicBwdConfig:
       so it checks the sums bit for bit. Compiled at 4c2c14e on an H100: 14 of 14
       causal case-table rows (the reference, two calls the same bits); timed there
       beside the default, 1.005x / 0.964x / 0.996x / 1.016x at head dim 64 causal 2k
-      / 4k / 8k / 16k and 0.75x / 0.79x / 0.83x at 128 causal 4k / 8k / 16k: the
-      model leaves out the L2 (the plain order's resident spans read one Q and dO
-      tile together; these walk a span's width apart). Off (docs/mosaic.md, "The
-      spans launched from the last down").
+      / 4k / 8k / 16k and 0.75x / 0.79x / 0.83x at 128 causal 4k / 8k / 16k, where
+      the model said 1.06-1.14x and 0.95x: what it leaves out (a step's costs beyond
+      its count and the turns) is not measured yet. Off (docs/mosaic.md, "The spans
+      launched from the last down").
     span_band: the dK/dV (or fused) kernel's launch order, in bands of this many
       key/value heads (the largest divisor of the kernel's head count not above it):
       a band's first key span of every (head, batch element), then every second
