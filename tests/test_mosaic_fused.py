@@ -505,34 +505,33 @@ HIGH_FIRST_SPECS = [
 @pytest.mark.parametrize("spec,segments", HIGH_FIRST_SPECS)
 def test_high_spans_first_turns_need_no_residency(spec, segments):
     """high_spans_first: no ring, so every tile's turns go in decreasing span order
-    (dq_adds.turn with the ring flag 0, as backward.py zeroes it), the walks upward
-    from each span's first tile; launched from the last span down, the adds complete
-    with any number of CTAs resident, one included, over 640 keys (5 spans) and the
-    order tests' masks. Launched the plain way (the lowest span first) with one CTA
-    resident, they would not, wherever a tile has two visitors: what the reversed
-    launch order is for."""
+    (dq_adds.descending_rank, which the writer takes: `turn`'s order without a ring),
+    the walks upward from each span's first tile, unrotated; launched from the last
+    span down, the adds complete with any number of CTAs resident, one included,
+    over 640 keys (5 spans) and the order tests' masks. Launched the plain way (the
+    lowest span first) with one CTA resident, they would not, wherever a tile has two
+    visitors: what the reversed launch order is for."""
     from pallas_flash.mosaic import dq_adds
 
     ranges, tiles = _order_ranges(spec, segments, S=640)
     index, first, last = (np.asarray(x) for x in dq_adds.order_tables(ranges, tiles))
-    count = np.asarray(dq_adds.ring_table(ranges))[:, 0]
     ranges = np.asarray(ranges)
     for b in range(ranges.shape[0]):
         walks, ranks = {}, {}
         for span in range(ranges.shape[1]):
-            lo, full_lo, full_hi, hi = (int(x) for x in ranges[b, span])
+            lo, hi = int(ranges[b, span, 0]), int(ranges[b, span, 3])
             if hi <= lo:
                 continue
-            walks[span] = [
-                int(dq_adds.walk_tile(j, lo, full_lo, full_hi, 0)) for j in range(hi - lo)
-            ]
+            walks[span] = list(range(lo, hi))  # upward, unrotated
             for i in walks[span]:
                 own = index[b, span]
-                rank, _ = dq_adds.turn(
-                    own, first[b, i], last[b, i], i, count[b], 0, full_lo, full_hi
-                )
+                rank, is_last, _ = dq_adds.descending_rank(own, first[b, i], last[b, i])
                 ranks[span, i] = int(rank)
-                assert int(rank) == last[b, i] - own  # decreasing span order
+                # as `turn` orders a tile where no ring applies: decreasing span
+                ring_free = dq_adds.turn(own, first[b, i], last[b, i], i, 1, 0, lo, hi)[0]
+                assert ranks[span, i] == int(ring_free) and is_last == (
+                    rank == last[b, i] - first[b, i]
+                )
         if not walks:
             continue
         high_first = sorted(walks, reverse=True)

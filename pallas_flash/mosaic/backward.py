@@ -273,10 +273,8 @@ def backward(
     order = dq_adds.order_tables(ranges, num_q_tiles) if fused else ()
     spans = s_pad // range_keys
     if config.rotated_adds:
-        ring = dq_adds.ring_table(ranges)
-        if config.high_spans_first:  # no ring: every turn in decreasing span order
-            ring = ring.at[:, 1].set(0)
-        order += (ring,)
+        if not config.high_spans_first:  # (which has no ring: every turn in decreasing span)
+            order += (dq_adds.ring_table(ranges),)
         # A span may wait on one of higher index: all of a head's must be resident at
         # once (the grid below launches them together, one CTA an SM); high_spans_first
         # launches the higher ones first instead.

@@ -343,8 +343,10 @@ class MosaicBwdConfig:
       beside the default, 1.005x / 0.964x / 0.996x / 1.016x at head dim 64 causal 2k
       / 4k / 8k / 16k and 0.75x / 0.79x / 0.83x at 128 causal 4k / 8k / 16k, where
       the model said 1.06-1.14x and 0.95x: what it leaves out (a step's costs beyond
-      its count and the turns) is not measured yet. Off (docs/mosaic.md, "The spans
-      launched from the last down").
+      its count and the turns) is not measured yet. That build's steps carried the
+      rotated walk's index arithmetic (8-9 % more instructions); since, it walks
+      plainly upward, its step loops the default's to the instruction (untimed).
+      Off (docs/mosaic.md, "The spans launched from the last down").
     span_band: the dK/dV (or fused) kernel's launch order, in bands of this many
       key/value heads (the largest divisor of the kernel's head count not above it):
       a band's first key span of every (head, batch element), then every second

@@ -81,8 +81,11 @@ def dkdv_kernel(
     # dK, dV (and the float32 dQ; and split_tail's pieces' float32 dK, dV).
     refs = list(refs)
     q_seg_ref, kv_seg_ref = (refs.pop(0), refs.pop(0)) if with_segs else (None, None)
-    rotated = config.rotated_adds  # the order tables, then the rotation table
-    order_refs = tuple(refs.pop(0) for _ in range(3 + rotated)) if config.fused else None
+    rotated = config.rotated_adds  # its walks upward
+    # The rotated walk where no mask cuts the spans (not with high_spans_first): the
+    # order tables, then the rotation table.
+    ring = rotated and not config.high_spans_first
+    order_refs = tuple(refs.pop(0) for _ in range(3 + ring)) if config.fused else None
     pieces_ref = refs.pop(0) if tail else None
     piece_refs = (refs.pop(), refs.pop())[::-1] if tail else None  # (dK, dV)
     dk_ref, dv_ref, *dq_acc_ref = refs
@@ -125,13 +128,14 @@ def dkdv_kernel(
     # before it (their ranges end at or before its own), so the ordered dQ adds of
     # neighbouring CTAs come due together instead of waiting on each other's tails.
     # With rotated_adds it walks them upward, its unmasked tiles rotated by its index
-    # where every span has one range (`rot`; dq_adds.turn says why).
-    rot = dq_adds.rotation(order_refs, b, order_refs[0][b, span])[2] if rotated else 0
+    # where every span has one range (`rot`; dq_adds.turn says why), but with
+    # high_spans_first plainly (no ring: no rotation arithmetic in the steps).
+    rot = dq_adds.rotation(order_refs, b, order_refs[0][b, span])[2] if ring else 0
 
     def step_of(g, i):
-        if rotated:
+        if ring:
             return g * n + dq_adds.walk_place(i, lo, full_lo, full_hi, rot)
-        return g * n + (hi - 1 - i if config.fused else i - lo)
+        return g * n + (hi - 1 - i if config.fused and not rotated else i - lo)
 
     def each_tile(start, stop, body, carry, turned: bool = False):
         """body(i, carry) over query tiles [start, stop), in the walk's order (`turned`:
@@ -149,7 +153,7 @@ def dkdv_kernel(
         segments = ((lo, full_lo, True), (full_lo, full_hi, False), (full_hi, hi, True))
         for start, stop, masked in segments[:: -1 if config.fused and not rotated else 1]:
             part = functools.partial(body, masked=masked)
-            carry = each_tile(start, stop, part, carry, turned=rotated and not masked)
+            carry = each_tile(start, stop, part, carry, turned=ring and not masked)
         return carry
 
     cluster = "cluster" if config.dkdv_q_multicast else None
@@ -197,7 +201,7 @@ def dkdv_kernel(
                     delta_ref.at[b, h, rows], delta_smem.at[slot], do_ready.at[slot]
                 )
 
-            if rotated:  # the consumers' order, segment by segment
+            if ring:  # the consumers' order, segment by segment
                 walk(lambda i, c, masked: load(i, c), None)
             else:
                 each_tile(lo, hi, load, None)

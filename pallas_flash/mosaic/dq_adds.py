@@ -166,6 +166,13 @@ def turn(own, first, last, i, count, ring, full_lo, full_hi):
     return lax.select(inside, rotated, last - own), visitors
 
 
+def descending_rank(own, first, last):
+    """high_spans_first: (rank, is last, is not last) of the span with index `own` among
+    a tile's visitors [first, last], whose adds go in decreasing span index: the span
+    above reached the tile first under a causal mask, and was launched first."""
+    return last - own, own == first, own != first
+
+
 def visited_rows(first, last, block_q: int, seq_q: int):
     """[B, seq_q] bool: rows of the query tiles some span visited (the others' dQ was
     never written)."""
@@ -465,7 +472,8 @@ def writer(
     rows, cols = part
     c = s["share"].shape[1]
     own = index_ref[b, span]
-    count, ring, rot = rotation(order_refs, b, own) if rotated else (0, 0, 0)
+    rotating = rotated and not descending  # the rotated walk and `turn` (a ring table)
+    count, ring, rot = rotation(order_refs, b, own) if rotating else (0, 0, 0)
 
     def windows(h, i):  # consumer w's slice of query tile i of head h in dQ
         out = []
@@ -480,7 +488,9 @@ def writer(
     def tile_of(step):  # (query head, query tile) of a step (only called when n > 0)
         g, j = lax.div(step, n), lax.rem(step, n)
         h = kv_head * group + g
-        return h, walk_tile(j, lo, full_lo, full_hi, rot) if rotated else hi - 1 - j
+        if rotating:
+            return h, walk_tile(j, lo, full_lo, full_hi, rot)
+        return h, lo + j if rotated else hi - 1 - j
 
     # Interpreted, the CTAs run one by one in grid order (increasing span index, or
     # with high_spans_first decreasing, the turns' order), and the first of them
@@ -488,7 +498,10 @@ def writer(
     turns = rotated and (descending or not interpret)
 
     def rotated_order(i):
-        """(rank, is last, is not last) of this CTA's add to query tile i (`turn`)."""
+        """(rank, is last, is not last) of this CTA's add to query tile i (`turn`, or
+        with `descending` decreasing span: descending_rank)."""
+        if descending:
+            return descending_rank(own, first_ref[b, i], last_ref[b, i])
         rank, visitors = turn(
             own, first_ref[b, i], last_ref[b, i], i, count, ring, full_lo, full_hi
         )
