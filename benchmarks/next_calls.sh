@@ -78,10 +78,15 @@ case $call in
     # this copy of the tree: the adds in any order, wrong sums, the same traffic). The
     # launch model says the turns' queue is what is left at 64 causal; high_spans_first,
     # which should have taken it away, ran 0.96-1.02x there and 0.75-0.83x at 128.
+    # Between the two, on the unpatched tree, high_spans_first's compiled tests (its walk
+    # plain since c268693; the rotated one passed 14 of 14 at 4c2c14e).
     H=$M/rotated_adds=true/high_spans_first=true
     FA_PASSES=bwd FA_SEQS=8192,16384 MOSAIC_FA_IMPLS=$M,$H,jax.nn:cudnn timeout 170 \
       bash $G "$C" mosaic-fa:64:true mosaic-fa:128:true
     keep fa-mosaic-bwd-turns
+    MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=150 \
+      MOSAIC_TESTS_K="test_gpu_fused_high_spans_first_matches_reference and causal" \
+      bash $G "$C" mosaic-tests
     P=benchmarks/results/mosaic-5de773c/no-turns.patch
     if patch -p1 --forward < $P && grep -q "no-turns.patch" pallas_flash/mosaic/dq_adds.py; then
       FA_PASSES=bwd FA_SEQS=8192,16384 MOSAIC_FA_IMPLS=$M,$H,jax.nn:cudnn timeout 170 \

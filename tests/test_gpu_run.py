@@ -309,9 +309,12 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
     assert len(variants) == _CALL_VARIANTS[call], variants
     if call == "2":  # two processes, each its own results file
         assert len(benches) == 2 and all("--head-dims 64" in line for line in benches)
-    if call == "7":  # the timings before and after the diagnostic patch, on the copy
+    if call == "7":  # the timings before and after the diagnostic patch, on the copy,
+        # and the compiled tests between them (before the patch)
         assert "no-turns.patch" in (tree / "pallas_flash/mosaic/dq_adds.py").read_text()
         assert len(benches) == 4 and "no-turns" in benches[-1], benches
+        tests = _one(calls, "-m pytest -m gpu", "test_gpu_fused_high_spans_first_matches")
+        assert calls.index(benches[1]) < calls.index(tests) < calls.index(benches[2])
     if call == "4":  # the patch applied to the copy, which the rest of the call ran on
         assert "not again" in (tree / "pallas_flash/mosaic/dq_adds.py").read_text()
         assert _one(calls, "-m pytest -m gpu", "test_gpu_is_bitwise_deterministic")
