@@ -124,8 +124,7 @@ def backward_costs(config, t: int, b: int, n: int, k: int, causal: bool, cta_ste
     """[(kernel, its CTAs' costs in launch order)]: the fused kernel, or the pair's dK/dV
     kernel then its dQ kernel (one after the other); a dK/dV CTA's query tiles cost each
     head of its group."""
-    ring = config.rotated_adds and not config.high_spans_first
-    if ring or config.dkdv_q_multicast or config.dq_kv_multicast:
+    if config.rotated_ring or config.dkdv_q_multicast or config.dq_kv_multicast:
         raise ValueError("rotated_adds' ring and the multicasts' grids are not modelled")
     units = dkdv_units(config, t, b, k, causal)
     costs = [(end - first) * (n // k) + cta_steps for *_, first, end in units]
@@ -159,8 +158,7 @@ def ordered_adds_fill(
     before it to that tile). Timed, it did not do what this says (docs/mosaic.md, "The
     spans launched from the last down"): nothing a step costs beyond its count and the
     turns is modelled (the L2 among it)."""
-    ring = config.rotated_adds and not config.high_spans_first
-    if not config.fused or ring or config.dkdv_q_multicast:
+    if not config.fused or config.rotated_ring or config.dkdv_q_multicast:
         raise ValueError(
             "the ordered adds are the fused kernel's (rotated_adds' ring not modelled)"
         )

@@ -272,13 +272,12 @@ def backward(
     num_q_tiles = t_pad // bq
     order = dq_adds.order_tables(ranges, num_q_tiles) if fused else ()
     spans = s_pad // range_keys
-    if config.rotated_adds:
-        if not config.high_spans_first:  # (which has no ring: every turn in decreasing span)
-            order += (dq_adds.ring_table(ranges),)
+    if config.rotated_ring:  # (high_spans_first has none: every turn in decreasing span)
+        order += (dq_adds.ring_table(ranges),)
         # A span may wait on one of higher index: all of a head's must be resident at
         # once (the grid below launches them together, one CTA an SM); high_spans_first
         # launches the higher ones first instead.
-        if interpret is False and not config.high_spans_first and spans > sm_count():
+        if interpret is False and spans > sm_count():
             raise ValueError(
                 f"rotated_adds needs a head's {spans} key spans resident at once, at most "
                 f"the GPU's {sm_count()} SMs: fewer keys, or rotated_adds=False"
@@ -291,7 +290,7 @@ def backward(
     # axes: Mosaic folds the first two into one CUDA axis, the first slower).
     band = config.heads_per_band(K, B)
     grid, grid_names = (K, spans, B), ("heads", "kv_tiles", "batch")
-    if config.rotated_adds and not config.high_spans_first:
+    if config.rotated_ring:
         grid, grid_names = (B, K, spans), ("batch", "heads", "kv_tiles")
     elif band > 1:
         grid = (K // band, spans, band, B)
@@ -325,7 +324,7 @@ def backward(
             semaphores=(B, N, num_q_tiles) if fused else None,
             band=band,
             spans=spans,
-            tail=None if tail is None else (tail.whole, spans, B),
+            tail=None if tail is None else (tail.whole, B),
         ),
         out_type=tuple(out_type),
         scratch_types=dict(

@@ -566,7 +566,7 @@ class MosaicBwdConfig:
                 "high_spans_first launches rotated_adds' spans from the last down: it "
                 "needs rotated_adds=True"
             )
-        if self.rotated_adds and not self.high_spans_first and self.span_band != 1:
+        if self.rotated_ring and self.span_band != 1:
             raise ValueError(
                 "rotated_adds needs a head's key spans launched together: not with "
                 f"span_band={self.span_band}, only 1 (or with high_spans_first=True)"
@@ -646,6 +646,12 @@ class MosaicBwdConfig:
             staged = bq * bk * (4 + itemsize)
             barriers += 8 * 4
         return q_do + ring + staged + barriers + MOSAIC_OVERHEAD
+
+    @property
+    def rotated_ring(self) -> bool:
+        """rotated_adds launched a head's spans together (not high_spans_first): the
+        ring table and its rotated walks, whose turns need the spans resident at once."""
+        return self.rotated_adds and not self.high_spans_first
 
     def heads_per_band(self, kv_heads: int, batch: int) -> int:
         """The heads of one span_band band for a kernel of `kv_heads` key/value heads

@@ -74,7 +74,7 @@ def dkdv_kernel(
     semaphores: tuple[int, ...] | None,
     band: int,
     spans: int,
-    tail: tuple[int, int, int] | None = None,
+    tail: tuple[int, int] | None = None,
 ):
     # After the nine inputs above: the segment ids ([B, T], [B, S]) when given, the
     # fused kernel's order tables, split_tail's pieces ([pieces, 3]); then the outputs
@@ -84,7 +84,7 @@ def dkdv_kernel(
     rotated = config.rotated_adds  # its walks upward
     # The rotated walk where no mask cuts the spans (not with high_spans_first): the
     # order tables, then the rotation table.
-    ring = rotated and not config.high_spans_first
+    ring = config.rotated_ring
     order_refs = tuple(refs.pop(0) for _ in range(3 + ring)) if config.fused else None
     pieces_ref = refs.pop(0) if tail else None
     piece_refs = (refs.pop(), refs.pop())[::-1] if tail else None  # (dK, dV)
@@ -94,7 +94,7 @@ def dkdv_kernel(
     dtype = q_smem.dtype
     in_tail = piece = None
     if tail:  # split_tail's grid (backward.py): the whole CTAs in launch order, then pieces
-        whole, spans, batch = tail
+        whole, batch = tail
         cta = lax.axis_index("cta")
         in_tail = cta >= whole
         piece = jnp.maximum(cta - whole, 0)
