@@ -15,7 +15,8 @@ the order of the CTAs cost, nothing else: the waves of equal CTAs (2048 on 132 S
 `--add-steps A` adds one wait to the fused backward's: each dQ add waits for the lower
 key span's add to the same query tile, and takes A steps (ordered_adds_fill); with
 `--high-spans-first`, also that fill with the spans launched from the last down
-(MosaicBwdConfig.high_spans_first).
+(MosaicBwdConfig.high_spans_first); with `--l2`, how many times over that schedule
+fetches its query tiles from HBM through a least-recently-used L2 (l2_rereads).
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import heapq
+from collections import OrderedDict
 
 from pallas_flash.mosaic import bwd_config, pipeline, split_tail
 from pallas_flash.mosaic import config as fwd_config
+from pallas_flash.mosaic.config import padded_head_dim
 
 H100_SMS = 132  # the H100 SXM's and the H200's SM count
 
@@ -155,9 +158,17 @@ def ordered_adds_fill(
     gives `backward_costs`' fill. The CTAs as backward_costs' (dkdv_units). With
     high_spans_first a CTA walks upward and a tile's adds go in decreasing span, which
     is its launch order too (so the same bookkeeping: each add after the one launched
-    before it to that tile). Timed, it did not do what this says (docs/mosaic.md, "The
-    spans launched from the last down"): nothing a step costs beyond its count and the
-    turns is modelled (the L2 among it)."""
+    before it to that tile). Timed, it gained a third of what this says at head dim 64
+    causal and lost at 128 (docs/mosaic.md, "The spans launched from the last down"):
+    nothing a step costs beyond its count and the turns is modelled here (the L2's
+    share: l2_rereads)."""
+    work, last_end, _ = _fused_walks(config, t, b, n, k, causal, cta_steps, add_steps)
+    return work / (H100_SMS * last_end)
+
+
+def _fused_walks(config, t, b, n, k, causal, cta_steps, add_steps):
+    """ordered_adds_fill's schedule: (work, the last CTA's end, [(a step's start,
+    key/value head, batch element, query tile)] in launch order)."""
     if not config.fused or config.rotated_ring or config.dkdv_q_multicast:
         raise ValueError(
             "the ordered adds are the fused kernel's (rotated_adds' ring not modelled)"
@@ -167,12 +178,14 @@ def ordered_adds_fill(
     added = {}  # (head, batch element): each query tile's last add's end so far
     free = [0.0] * min(H100_SMS, len(units))
     work = last_end = 0.0
+    steps = []
     for h, span, e, first, end in units:  # launch order: a tile's earlier spans first
         clock = heapq.heappop(free) + cta_steps
         turns = added.setdefault((h, e), [0.0] * q_tiles)
         ends: list[float] = []
         walk = range(first, end) if config.high_spans_first else range(end - 1, first - 1, -1)
         for i, tile in enumerate(walk):
+            steps.append((clock, h, e, tile))
             clock += group
             if i >= 2:  # two share slots: this share waits for the add two steps back
                 clock = max(clock, ends[i - 2])
@@ -182,7 +195,47 @@ def ordered_adds_fill(
         work += cta_steps + (end - first) * group
         last_end = max(last_end, done)
         heapq.heappush(free, done)
-    return work / (H100_SMS * last_end)
+    return work, last_end, steps
+
+
+# The H100 SXM's and the H200's L2 (both GH100 dies), bytes.
+L2_BYTES = 50 * 2**20
+
+
+def l2_rereads(
+    config,
+    t: int,
+    b: int,
+    n: int,
+    k: int,
+    causal: bool,
+    head_dim: int,
+    cta_steps: float = 2.0,
+    add_steps: float = 0.0,
+    l2_bytes: int = L2_BYTES,
+) -> float:
+    """How many times over the fused backward would fetch its query-side tiles from HBM
+    through an L2 of `l2_bytes` kept least-recently-used: each step reads a query tile's
+    Q and dO (bf16, the group's heads) and reduce-adds its float32 dQ share in L2, so a
+    (head, batch element, query tile) holds 8 + 4 bytes a value there; the steps in the
+    order ordered_adds_fill's schedule starts them. 1.0: every tile fetched once (the
+    compulsory traffic); a causal span walks each of its tiles once, so at most the
+    tile's visitors. K and V (once a CTA) and the L2's own partitioning are left out:
+    a count of distances between a tile's reads, not of their time on the GPU."""
+    _, _, steps = _fused_walks(config, t, b, n, k, causal, cta_steps, add_steps)
+    size = config.block_q_dkv * padded_head_dim(head_dim) * (n // k) * (2 + 2 + 4)
+    held: OrderedDict = OrderedDict()
+    fetched = 0
+    for _, h, e, tile in sorted(steps):
+        key = (h, e, tile)
+        if key in held:
+            held.move_to_end(key)
+            continue
+        fetched += 1
+        held[key] = None
+        if len(held) * size > l2_bytes:
+            held.popitem(last=False)
+    return fetched / len({(h, e, tile) for _, h, e, tile in steps})
 
 
 def report(
@@ -194,13 +247,17 @@ def report(
     heads: int | None = None,
     add_steps: float | None = None,
     high_first: bool = False,
+    l2: bool = False,
 ) -> str:
     """One line of the fa grid's shape (16k tokens a batch, 2048 // head_dim heads, or
     `heads`):
     the forward's CTAs (or items) and fill, and the backward's in bands of each of
     `bands` heads (`MosaicBwdConfig.span_band`); with `add_steps`, the fused kernel's
     fill with its ordered adds waited on too (ordered_adds_fill), and with `high_first`
-    that fill launched from the last span down (high_spans_first)."""
+    that fill launched from the last span down (high_spans_first, the head-dim-64
+    causal default's order; the bands and the split are modelled in the plain order);
+    with `l2`, the fused kernel's query-side tiles' fetches from HBM over the
+    compulsory (l2_rereads, on that schedule)."""
     b, n = 16384 // seq, heads or 2048 // head_dim
     fwd = fwd_config.default_mosaic_config(head_dim, seq, causal)
     units = "items on 132 CTAs" if fwd.persistent else "CTAs"
@@ -213,7 +270,11 @@ def report(
         costs = forward_costs(config, seq, b, n, causal, cta_steps)
         work, end = fill(costs) if not config.persistent else (sum(costs), max(costs))
         line += f"{' split' if config.split_tail else ''} fill {work / (H100_SMS * end):.3f}"
-    bwd = bwd_config.default_mosaic_bwd_config(head_dim, causal)
+    bwd = dataclasses.replace(
+        bwd_config.default_mosaic_bwd_config(head_dim, causal),
+        rotated_adds=False,
+        high_spans_first=False,
+    )
     for band in bands:
         for split in (False, True) if band == 1 else (False,):
             config = dataclasses.replace(bwd, span_band=band, split_tail=split)
@@ -226,10 +287,17 @@ def report(
             if add_steps is not None and config.fused:
                 chained = ordered_adds_fill(config, seq, b, n, n, causal, cta_steps, add_steps)
                 line += f", with the adds' turns {chained:.3f}"
-                if high_first:
+                # high_spans_first's own grid (the split has its own order)
+                high_first_here = high_first and not split
+                if high_first_here:
                     high = dataclasses.replace(config, rotated_adds=True, high_spans_first=True)
                     up = ordered_adds_fill(high, seq, b, n, n, causal, cta_steps, add_steps)
                     line += f", high spans first {up:.3f}"
+                if l2:
+                    args = (seq, b, n, n, causal, head_dim, cta_steps, add_steps)
+                    line += f", L2 fetches {l2_rereads(config, *args):.2f}x"
+                    if high_first_here:
+                        line += f" (high spans first {l2_rereads(high, *args):.2f}x)"
     return line
 
 
@@ -252,6 +320,12 @@ def main(argv=None):
         action="store_true",
         help="with --add-steps, the fused backward launched from the last key span down",
     )
+    parser.add_argument(
+        "--l2",
+        action="store_true",
+        help="with --add-steps, the fused backward's query-side HBM fetches over the "
+        "compulsory through a 50 MiB least-recently-used L2",
+    )
     args = parser.parse_args(argv)
     for h in (int(x) for x in args.head_dims.split(",")):
         for causal in (c == "true" for c in args.causal.split(",")):
@@ -267,6 +341,7 @@ def main(argv=None):
                         n,
                         args.add_steps,
                         args.high_spans_first,
+                        args.l2,
                     )
                     print(line)
 

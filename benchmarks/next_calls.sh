@@ -27,28 +27,18 @@ case $call in
     FA_PASSES=bwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,$M/pair,jax.nn:cudnn \
       timeout 270 bash $G "$C" mosaic-fa:128:true
     keep fa-mosaic-128-true-fused-default ;;
-  2) # early_q_load at head dim 64 non-causal (the persistent grid, its last round split:
-    # the default there): the next item's Q loaded in the tile loop's last step. On an
-    # H100 at 4c2c14e it ran 1.035x / 1.064x the default at 1k (against the default and
-    # a persistent=true copy of it, 384.0 / 394.7 TFLOP/s) and 1.024x / 1.027x at 2k
-    # (results/mosaic-4c2c14e/fa-mosaic-64-early-q.jsonl): here 1k-16k, in two processes.
-    for round in 1 2; do
-      FA_PASSES=fwd FA_SEQS=1024,2048,4096,16384 \
-        MOSAIC_FA_IMPLS=$M,$M/early_q_load=true,jax.nn:cudnn,jax:mosaic_fa3 \
-        timeout 200 bash $G "$C" mosaic-fa:64:false
-      keep fa-mosaic-64-false-early-q-$round
-    done ;;
-  3) # (G) the forward's head-dim-64 rows beside the three peers at 1k, 4k and 16k, so
+  2) # (G) the forward's head-dim-64 rows beside the three peers at 1k, 4k and 16k, so
     # that the forward's table cells count them; the head-dim-128 non-causal default
     # backward (the whole share since the 43rd session) and the head-dim-64 causal one
-    # (the fused kernel in bands of 4 since the 48th) at 2k-16k beside cuDNN.
+    # (the fused kernel in bands of 4 since the 48th, launched from the last span down
+    # since 78baa53) at 2k-16k beside cuDNN.
     FA_PASSES=fwd FA_SEQS=1024,4096,16384 MOSAIC_FA_IMPLS=$M,$PEERS timeout 170 \
       bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true
     keep fa-mosaic-64-fwd
     FA_PASSES=bwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,jax.nn:cudnn timeout 270 \
       bash $G "$C" mosaic-fa:128:false mosaic-fa:64:true
     keep fa-mosaic-bwd-defaults ;;
-  4) # the writer's hand-over patch on the default ("Two writer warps", item 5): applied
+  3) # the writer's hand-over patch on the default ("Two writer warps", item 5): applied
     # to this copy of the tree, timed, then its compiled tests; nothing runs without it.
     P=benchmarks/results/mosaic-3167827/hand-over.patch
     if patch -p1 --forward < $P && grep -q "not again" pallas_flash/mosaic/dq_adds.py; then
@@ -60,38 +50,31 @@ case $call in
       MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=300 MOSAIC_TESTS_K="$K" \
         bash $G "$C-hand-over" mosaic-tests
     else echo "next_calls: $P does not apply here" >&2; exit 1; fi ;;
-  5) # the Mosaic kernels on the masks suite (head dim 128, 8k), each mask's overhead;
+  4) # the Mosaic kernels on the masks suite (head dim 128, 8k), each mask's overhead;
     # then (H) probs_before_dp in the pair (FA3's order, the fused default's, has it
     # already) beside the pair and cuDNN.
     OURS_IMPLS=$M,jax.nn:cudnn BENCH_BUDGET=200 bash $G "$C" masks-ours:none,segments:4,padding
     FA_PASSES=bwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M/pair,$M/pair/probs_before_dp=true,jax.nn:cudnn \
       timeout 290 bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true mosaic-fa:128:true
     keep fa-mosaic-bwd-probs-before-dp ;;
-  6) # one bounded Nsight Compute profile of the default backward, head dim 128
-    # non-causal 8k (the whole share since the 43rd session).
-    PROFILE_KERNELS=pallas_flash_mosaic_bwd PROFILE_IMPLS=$M PROFILE_DETAILS=1 \
-      PROFILE_SECTIONS=MemoryWorkloadAnalysis_Tables,WarpStateStats timeout 200 \
-      bash $G "$C" profile-fa:128:8192:false ;;
-  7) # what the fused backward's turns cost under the causal mask, measured rather than
-    # modelled: the default (bands of 4) and high_spans_first at head dims 64 and 128, 8k
-    # and 16k, then the same with the writer's turn waits taken out (no-turns.patch on
-    # this copy of the tree: the adds in any order, wrong sums, the same traffic). The
-    # launch model says the turns' queue is what is left at 64 causal; high_spans_first,
-    # which should have taken it away, ran 0.96-1.02x there and 0.75-0.83x at 128.
-    # Between the two, on the unpatched tree, high_spans_first's compiled tests (its walk
-    # plain since c268693; the rotated one passed 14 of 14 at 4c2c14e).
+  5) # high_spans_first and the L2 (high_first_bytes, the launch model's l2_rereads):
+    # at head dim 64 causal with 64k tokens a batch (4x the grid's; no README cell), where
+    # its bands of 4 would hold 128 MiB of query-side tiles, the default launches in the
+    # plain order; beside it forced (high_first_bytes=2^30; the model: 28x / 55x the
+    # compulsory fetches at 8k / 16k) and in bands of one head (32 MiB: one fetch a
+    # tile). Then at head dim 128 causal (16k tokens), where it ran 0.85-0.93x the plain
+    # order in bands of 4 (64 MiB, forced here as timed then), in bands of 2 and 1.
+    F=$M/high_first_bytes=1073741824
+    for seq in 8192 16384; do
+      FA_PASSES=bwd FA_SEQS=$seq FA_BATCHES=$((65536 / seq)) \
+        MOSAIC_FA_IMPLS=$M,$F,$M/span_band=1,jax.nn:cudnn \
+        timeout 140 bash $G "$C" mosaic-fa:64:true
+      keep fa-mosaic-64-true-high-first-64k-$seq
+    done
     H=$M/rotated_adds=true/high_spans_first=true
-    FA_PASSES=bwd FA_SEQS=8192,16384 MOSAIC_FA_IMPLS=$M,$H,jax.nn:cudnn timeout 170 \
-      bash $G "$C" mosaic-fa:64:true mosaic-fa:128:true
-    keep fa-mosaic-bwd-turns
-    MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=150 \
-      MOSAIC_TESTS_K="test_gpu_fused_high_spans_first_matches_reference and causal" \
-      bash $G "$C" mosaic-tests
-    P=benchmarks/results/mosaic-5de773c/no-turns.patch
-    if patch -p1 --forward < $P && grep -q "no-turns.patch" pallas_flash/mosaic/dq_adds.py; then
-      FA_PASSES=bwd FA_SEQS=8192,16384 MOSAIC_FA_IMPLS=$M,$H,jax.nn:cudnn timeout 170 \
-        bash $G "$C-no-turns" mosaic-fa:64:true mosaic-fa:128:true
-      keep fa-mosaic-bwd-no-turns
-    else echo "next_calls: $P does not apply here" >&2; exit 1; fi ;;
-  *) echo "next_calls: no call $call (1 to 7)" >&2; exit 2 ;;
+    FA_PASSES=bwd FA_SEQS=8192,16384 \
+      MOSAIC_FA_IMPLS=$M,$H/high_first_bytes=1073741824,$H/span_band=2,$H/span_band=1,jax.nn:cudnn \
+      timeout 250 bash $G "$C" mosaic-fa:128:true
+    keep fa-mosaic-128-true-high-spans-first-bands ;;
+  *) echo "next_calls: no call $call (1 to 5)" >&2; exit 2 ;;
 esac

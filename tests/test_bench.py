@@ -617,7 +617,8 @@ def test_mosaic_config_variants_are_named_by_their_fields(monkeypatch):
     impls.lookup("pallas_flash:mosaic/row_bound_mask=false").fn(q, q, q, causal=True)
     assert not seen["config"].row_bound_mask and not seen["backward_config"].row_bound_mask
     # The backward default at the call's causal flag (head dims 64 and 128: fused either
-    # way, causal in bands of heads), and `pair` names the pair there.
+    # way, causal in bands of heads, at 64 launched from the last span down), and `pair`
+    # names the pair there.
     seen.clear()
     q64 = q[..., :64]
     for causal in (False, True):
@@ -625,9 +626,10 @@ def test_mosaic_config_variants_are_named_by_their_fields(monkeypatch):
         assert seen["backward_config"] == bwd_config.default_mosaic_bwd_config(64, causal)
         assert seen["backward_config"].fused
         assert seen["backward_config"].span_band == (4 if causal else 1)
+        assert seen["backward_config"].high_spans_first == causal
         impls.lookup("pallas_flash:mosaic/num_stages=2").fn(q, q, q, causal=causal)
         assert seen["backward_config"] == bwd_config.default_mosaic_bwd_config(128, causal)
-        assert seen["backward_config"].fused
+        assert seen["backward_config"].fused and not seen["backward_config"].high_spans_first
         impls.lookup("pallas_flash:mosaic/pair/block_q_dkv=128").fn(q, q, q, causal=causal)
         pair = bwd_config.pair_mosaic_bwd_config(128)
         assert seen["backward_config"] == dataclasses.replace(pair, block_q_dkv=128)

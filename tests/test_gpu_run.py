@@ -243,13 +243,12 @@ def _option(line: str, flag: str) -> str | None:
 @pytest.fixture
 def next_calls(tmp_path):
     """Runs benchmarks/next_calls.sh COMMIT CALL with the stand-in python3, in a copy of
-    the files it reads or changes (calls 4 and 7 patch dq_adds.py: never this tree's)."""
+    the files it reads or changes (call 3 patches dq_adds.py: never this tree's)."""
     tree = tmp_path / "tree"
     for rel in (
         "benchmarks/gpu_run.sh",
         "benchmarks/next_calls.sh",
         "benchmarks/results/mosaic-3167827/hand-over.patch",
-        "benchmarks/results/mosaic-5de773c/no-turns.patch",
         "pallas_flash/mosaic/dq_adds.py",
     ):
         (tree / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -274,7 +273,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"1": 1, "2": 1, "3": 0, "4": 0, "5": 2, "6": 0, "7": 1}
+_CALL_VARIANTS = {"1": 1, "2": 0, "3": 0, "4": 2, "5": 5}
 
 
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
@@ -307,19 +306,14 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
                 assert fwd.smem_bytes(padded_head_dim(h)) <= SMEM_BYTES, (name, h)
                 check_fits(bwd, padded_head_dim(h))
     assert len(variants) == _CALL_VARIANTS[call], variants
-    if call == "2":  # two processes, each its own results file
-        assert len(benches) == 2 and all("--head-dims 64" in line for line in benches)
-    if call == "7":  # the timings before and after the diagnostic patch, on the copy,
-        # and the compiled tests between them (before the patch)
-        assert "no-turns.patch" in (tree / "pallas_flash/mosaic/dq_adds.py").read_text()
-        assert len(benches) == 4 and "no-turns" in benches[-1], benches
-        tests = _one(calls, "-m pytest -m gpu", "test_gpu_fused_high_spans_first_matches")
-        assert calls.index(benches[1]) < calls.index(tests) < calls.index(benches[2])
-    if call == "4":  # the patch applied to the copy, which the rest of the call ran on
+    if call == "3":  # the patch applied to the copy, which the rest of the call ran on
         assert "not again" in (tree / "pallas_flash/mosaic/dq_adds.py").read_text()
         assert _one(calls, "-m pytest -m gpu", "test_gpu_is_bitwise_deterministic")
+    if call == "5":  # head dim 64 at 64k tokens (8 and 4 batch elements), then 128
+        assert len(benches) == 3 and "--head-dims 128" in benches[-1], benches
+        assert [_option(line, "--batches") for line in benches] == ["8", "4", None]
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):
-    proc, calls, _ = next_calls("8")
-    assert proc.returncode == 2 and "no call 8" in proc.stderr and not calls
+    proc, calls, _ = next_calls("6")
+    assert proc.returncode == 2 and "no call 6" in proc.stderr and not calls

@@ -113,8 +113,12 @@ def test_ordered_adds_cost_nothing_free_and_sort_the_bands_when_waited_on():
     b, n = 16384 // 4096, 32
     free = launch_sim.ordered_adds_fill(fused, 4096, b, n, n, False, 2.0, 0.0)
     assert free == pytest.approx(0.970, abs=0.001)
-    causal = dataclasses.replace(
-        bwd_config.default_mosaic_bwd_config(64, True), span_band=1, band_pairs=1024
+    causal = dataclasses.replace(  # the plain launch order (not high_spans_first's)
+        bwd_config.default_mosaic_bwd_config(64, True),
+        span_band=1,
+        band_pairs=1024,
+        rotated_adds=False,
+        high_spans_first=False,
     )
     fills = {
         band: launch_sim.ordered_adds_fill(
@@ -143,9 +147,11 @@ def test_high_spans_first_launches_the_last_span_first_and_walks_up():
     ends less evenly than the plain order (its longest CTAs at the end); with adds of a
     step the turns no longer queue (each span reaches a tile after the one above it),
     so at head dim 64 causal 16k the fill passes the plain order's by far: the model's
-    claim, which the H100 did not bear out (results/mosaic-4c2c14e/)."""
-    base = bwd_config.default_mosaic_bwd_config(64, True)
-    high = dataclasses.replace(base, rotated_adds=True, high_spans_first=True)
+    claim (1.14x), of which an H100 bore out a third (1.05x, results/mosaic-78baa53/),
+    enough to make it that row's default."""
+    high = bwd_config.default_mosaic_bwd_config(64, True)
+    assert high.rotated_adds and high.high_spans_first
+    base = dataclasses.replace(high, rotated_adds=False, high_spans_first=False)
     units = launch_sim.dkdv_units(high, 1024, 1, 1, True)
     spans = [span for _, span, *_ in units]
     assert spans == sorted(spans, reverse=True) and spans[-1] == 0
@@ -157,3 +163,28 @@ def test_high_spans_first_launches_the_last_span_first_and_walks_up():
     assert fill(high, 1.0) > fill(base, 1.0) + 0.05
     line = launch_sim.report(64, 16384, True, [4], 2.0, add_steps=1.0, high_first=True)
     assert "high spans first" in line, line
+
+
+def test_l2_rereads_count_the_query_tiles_fetches():
+    """l2_rereads: with an L2 that holds everything each query tile is fetched once, with
+    one that holds nothing once a visit (a causal 4k head dim 128 grid: 128-key spans
+    over 64-row tiles, 16.5 visits a tile on average; without a mask, 32); in between,
+    the plain order (a head's spans passing a tile together) fetches each once, while
+    high_spans_first (each span reaching a tile at its own time) fetches it about as
+    often as it is visited, in any band while the heads' spans all fit on the SMs."""
+    plain = bwd_config.default_mosaic_bwd_config(128, True)
+    high = dataclasses.replace(plain, rotated_adds=True, high_spans_first=True)
+    args = (4096, 1, 4, 4, True, 128)
+    assert launch_sim.l2_rereads(high, *args, l2_bytes=2**40) == 1.0
+    assert launch_sim.l2_rereads(plain, *args, l2_bytes=1) == 16.5
+    assert launch_sim.l2_rereads(high, *args, l2_bytes=1) == 16.5
+    full = bwd_config.default_mosaic_bwd_config(128, False)
+    assert launch_sim.l2_rereads(full, 4096, 1, 4, 4, False, 128, l2_bytes=1) == 32.0
+    assert launch_sim.l2_rereads(plain, *args, l2_bytes=8 * 2**20) == 1.0
+    for band in (1, 4):
+        got = launch_sim.l2_rereads(
+            dataclasses.replace(high, span_band=band), *args, l2_bytes=8 * 2**20
+        )
+        assert got > 12, (band, got)
+    line = launch_sim.report(64, 4096, True, [4], 2.0, add_steps=1.0, high_first=True, l2=True)
+    assert "L2 fetches 1.00x (high spans first 1.00x)" in line, line

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import chex
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -228,6 +229,64 @@ def test_interpret_span_band_changes_no_bit(case, config, band):
     order differs); the fused kernel's adds keep their order, so the same bits as the
     plain order (a band of 1)."""
     _flag_changes_no_bit(case, config, "span_band", True, values=(band, 1))
+
+
+def test_high_first_bytes_launches_a_band_that_does_not_fit_in_the_plain_order():
+    """high_spans_first applies where a band's query-side tiles (Q, dO and float32 dQ of
+    its heads' query heads and batch elements: 8 bytes a value) fit high_first_bytes;
+    above, the call launches in the plain order (rotated_adds off too), and a config
+    without it is launched as it is."""
+    high = default_mosaic_bwd_config(64, True)
+    assert high.high_spans_first and high.high_first_bytes == 32 * 2**20
+    plain = dataclasses.replace(high, rotated_adds=False, high_spans_first=False)
+    # the grid's 16k tokens, 32 heads: bands of 4 (fewer at 1k, band_pairs) take 32 MiB
+    for seq in (1024, 2048, 16384):
+        assert high.launched(32, 16384 // seq, seq, 64, 1) == high, seq
+    assert high.launched(32, 2, 16384, 64, 1) == plain  # 32k tokens: 64 MiB
+    assert high.launched(32, 1, 16384, 64, 2) == plain  # a GQA group of 2: 64 MiB
+    assert high.launched(4, 2, 8192, 64, 4) == plain  # 4 heads of 4 queries: 128 MiB
+    # a band narrowed by band_pairs: 32 batch elements at 1k, one head, 16 MiB
+    assert high.launched(32, 32, 1024, 64, 1) == high
+    assert plain.launched(32, 2, 16384, 64, 1) == plain
+    wide = dataclasses.replace(high, high_first_bytes=2**40)
+    assert wide.launched(32, 2, 16384, 64, 1) == wide
+    with pytest.raises(ValueError, match="high_first_bytes=0 must be >= 1"):
+        dataclasses.replace(high, high_first_bytes=0)
+
+
+def test_high_first_bytes_reaches_the_kernel(monkeypatch):
+    """backward.py launches the config `launched` gives (traced only, not run): the
+    spans from the last down where the band fits, the plain order where it does not."""
+    seen = []
+    real = mosaic_backward.dkdv_kernel
+
+    def spy(*args, config, **kwargs):
+        seen.append(config.high_spans_first)
+        return real(*args, config=config, **kwargs)
+
+    monkeypatch.setattr(mosaic_backward, "dkdv_kernel", spy)
+    (q, k, v, do, dlse), ref, _ = _problem(SPAN_BAND_CASE, 0, True)
+    o, lse = ref[0].astype(SPAN_BAND_CASE.dtype), ref[1]
+    high = dataclasses.replace(FUSED_ROWS, rotated_adds=True, high_spans_first=True)
+    for config, want in ((high, True), (dataclasses.replace(high, high_first_bytes=1), False)):
+        seen.clear()
+        jax.eval_shape(
+            lambda *a, c=config: _backward(SPAN_BAND_CASE, c, True, *a), q, k, v, o, lse, do, dlse
+        )
+        assert seen and set(seen) == {want}, (config.high_first_bytes, seen)
+
+
+@pytest.mark.extended
+def test_interpret_high_first_bytes_gives_the_plain_orders_bits():
+    """A band over high_first_bytes (here 1 byte) launches the call in the plain order,
+    and gives its bits."""
+    high = dataclasses.replace(FUSED_ROWS, rotated_adds=True, high_spans_first=True)
+    over = dataclasses.replace(high, high_first_bytes=1)
+    seed = _seed(SPAN_BAND_CASE)
+    chex.assert_trees_all_equal(
+        _compare(SPAN_BAND_CASE, over, True, seed=seed),
+        _compare(SPAN_BAND_CASE, FUSED_ROWS, True, seed=seed),
+    )
 
 
 def test_span_band_heads_per_band():
@@ -495,9 +554,10 @@ def test_rotated_adds_turns(spec, segments):
     assert rotated_batches == (1 if spec == ORDER_SPECS["full"][0] else 0)
 
 
-# high_spans_first is off: in the default run only the causal mask, the case it is for.
+# high_spans_first is the head-dim-64 causal default (bwd_config.BWD_HIGH_SPANS_FIRST_DIMS):
+# in the default run the causal masks it takes there, the rest in the extended tier.
 HIGH_FIRST_SPECS = [
-    pytest.param(*v, id=k, marks=() if k == "causal" else pytest.mark.extended)
+    pytest.param(*v, id=k, marks=() if v[0].causal else pytest.mark.extended)
     for k, v in ORDER_SPECS.items()
 ]
 
@@ -762,10 +822,16 @@ SPLIT_TAIL_GPU_CASES = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", SPLIT_TAIL_GPU_CASES, ids=lambda c: c.id)
 def test_gpu_split_tail_backward_matches_reference(case):
-    """The backward's split_tail compiled on the call's default row: the reference's
-    tolerance, dQ bit for bit the plain grid's, dK and dV within float32 summing of it,
-    the same bits twice."""
-    config = default_mosaic_bwd_config(case.head_dim, case.causal)
+    """The backward's split_tail compiled on the call's default row, in the plain launch
+    order (split_tail lays the grid out in its own, so not with the causal rows' bands
+    or high_spans_first): the reference's tolerance, dQ bit for bit the plain grid's, dK
+    and dV within float32 summing of it, the same bits twice."""
+    config = dataclasses.replace(
+        default_mosaic_bwd_config(case.head_dim, case.causal),
+        span_band=1,
+        rotated_adds=False,
+        high_spans_first=False,
+    )
     split = dataclasses.replace(config, split_tail=True)
     got = _compare(case, split, False, seed=_seed(case))
     dq0, dk0, dv0 = _compare(case, config, False, seed=_seed(case))

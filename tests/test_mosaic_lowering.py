@@ -428,12 +428,12 @@ FUSED_LOWERINGS = {
         False,
     ),
     "h128-rotated-segments": (128, dataclasses.replace(FUSED, rotated_adds=True), True),
-    # The spans launched from the last down (high_spans_first), in the build the
-    # head-dim-64 causal default takes (its bands of 4 heads).
-    "h64-default-causal-high-spans-first": (
+    # The head-dim-64 causal default's bands of 4 heads in the plain launch order (the
+    # default there until 78baa53, which launches from the last span down).
+    "h64-default-causal-plain-order": (
         64,
         dataclasses.replace(
-            default_mosaic_bwd_config(64, True), rotated_adds=True, high_spans_first=True
+            default_mosaic_bwd_config(64, True), rotated_adds=False, high_spans_first=False
         ),
         False,
     ),
@@ -497,14 +497,20 @@ def test_fused_kernel_lowers_for_hopper(head_dim, config, with_segments):
 
 @pytest.mark.parametrize(
     "head_dim,causal,segments",
-    [(64, False, False), (96, False, True), (128, False, False), (128, True, True)],
-    ids=["h64", "h96-segments", "h128", "h128-causal-segments"],
+    [
+        (64, False, False),
+        (64, True, True),
+        (96, False, True),
+        (128, False, False),
+        (128, True, True),
+    ],
+    ids=["h64", "h64-causal-segments", "h96-segments", "h128", "h128-causal-segments"],
 )
 def test_default_fused_backward_lowers_for_hopper(head_dim, causal, segments):
-    """The default at padded head dim 128 and at 64 without a causal mask (the fused
-    kernel in FA3's order, its share whole, two writer warps) lowers for sm_90 on CPU,
-    register operands included, which interpret mode drops (fa3_order): one kernel, no
-    dQ kernel."""
+    """The default at padded head dims 64 and 128 (the fused kernel in FA3's order, its
+    share whole, two writer warps; causal in bands of heads, at 64 launched from the
+    last span down) lowers for sm_90 on CPU, register operands included, which
+    interpret mode drops (fa3_order): one kernel, no dQ kernel."""
     config = default_mosaic_bwd_config(head_dim, causal)
     assert config.fused and config.fa3_order and config.split_writer
     spec = masks.MaskSpec(causal=causal, segments=segments)

@@ -215,6 +215,8 @@ def backward(
         interpret = plgpu.InterpretGPUParams()
     if interpret is not False:  # the interpreter's wgmma reads shared memory only
         config = config.interpreted()
+    # high_spans_first where a band's query-side tiles fit the L2 (high_first_bytes).
+    config = config.launched(K, B, T, hp, N // K)
 
     # One padded length serves both kernels: whole dK/dV query tiles and dQ CTAs, whole
     # dK/dV CTAs and dQ key tiles.

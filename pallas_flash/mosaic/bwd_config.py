@@ -11,7 +11,8 @@ and a TMA producer; shared memory from `smem_bytes_*`, operands in registers):
 | 192      | 1 x 64 (split, P^T handed over), 64, 2: 165,968 | 1 x 64, 64, 2: 149,576 bytes |
 | 256      | 1 x 64 (split, P^T handed over), 64, 2: 215,120 | 1 x 64, 64, 2: 198,728 bytes |
 
-(1) Causal calls launch its key spans in bands of 4 heads (BWD_CAUSAL_SPAN_BAND). The
+(1) Causal calls launch its key spans in bands of 4 heads (BWD_CAUSAL_SPAN_BAND), at head
+dim 64 from each head's last span down (high_spans_first, BWD_HIGH_SPANS_FIRST_DIMS). The
 pair (pair_mosaic_bwd_config) at head dim 64: dK/dV 2 x 64, 128, 3: 137,304 (bound);
 dQ 2 x 64, 128, 2: 102,480 (bound).
 (Shared memory as Mosaic GPU's lowering reports it, operands in registers, with the
@@ -52,7 +53,8 @@ mosaic/dq_adds.py) is the default at padded head dims 64 and 128, in FA3's order
 share whole and two writer warps, causal calls in bands of 4 heads (BWD_FUSED_ROWS below
 has each row's evidence: at 128 non-causal 1.02-1.05x the pair from 2k, then 0.99-1.06x
 the share in halves; at 128 causal 1.00-1.07x the pair; at 64 non-causal 1.14-1.16x
-the pair; at 64 causal, in bands, 1.04-1.07x the pair, head-major 0.85x); the head dims
+the pair; at 64 causal, in bands, 1.04-1.07x the pair, head-major 0.85x, and launched
+from the last span down 1.03-1.05x the bands' plain order); the head dims
 above 128 keep the pair. First compiled (77b90a9) it ran
 0.64-0.69x the pair (head dim 128, non-causal, seq 512-4k,
 `fa-mosaic-fused-77b90a9.jsonl`). It adds to the
@@ -340,13 +342,18 @@ class MosaicBwdConfig:
       GPU interpret mode runs the CTAs in grid order, which is the adds' order here,
       so it checks the sums bit for bit. Compiled at 4c2c14e on an H100: 14 of 14
       causal case-table rows (the reference, two calls the same bits); timed there
-      beside the default, 1.005x / 0.964x / 0.996x / 1.016x at head dim 64 causal 2k
-      / 4k / 8k / 16k and 0.75x / 0.79x / 0.83x at 128 causal 4k / 8k / 16k, where
-      the model said 1.06-1.14x and 0.95x: what it leaves out (a step's costs beyond
-      its count and the turns) is not measured yet. That build's steps carried the
-      rotated walk's index arithmetic (8-9 % more instructions); since, it walks
-      plainly upward, its step loops the default's to the instruction (untimed).
-      Off (docs/mosaic.md, "The spans launched from the last down").
+      beside the plain order, 1.005x / 0.964x / 0.996x / 1.016x at head dim 64 causal
+      2k / 4k / 8k / 16k and 0.75x / 0.79x / 0.83x at 128 causal 4k / 8k / 16k, where
+      the model said 1.06-1.14x and 0.95x. That build's steps carried the rotated
+      walk's index arithmetic (8-9 % more instructions); since c268693 it walks
+      plainly upward, its step loops the plain order's to the instruction, and at
+      78baa53 (an H100) it ran 1.03-1.05x the plain order at head dim 64 causal 2k-16k
+      in three processes, 0.85-0.93x at 128 causal 8k / 16k. With the writer's turn
+      waits taken out of both (wrong sums) the plain order gains 9-10 % at 64 causal
+      and this order 1 %, so its turns are nearly free, while at 128 it stays
+      0.79-0.86x: its walk is what loses there. In the head-dim-64 causal default since
+      (BWD_HIGH_SPANS_FIRST_DIMS); off at 128 (docs/mosaic.md, "The spans launched from
+      the last down").
     span_band: the dK/dV (or fused) kernel's launch order, in bands of this many
       key/value heads (the largest divisor of the kernel's head count not above it):
       a band's first key span of every (head, batch element), then every second
@@ -386,6 +393,21 @@ class MosaicBwdConfig:
       at 4c2c14e on an H100: whole bands of 4 (band_pairs=128) ran 0.64x / 0.67x the
       default at head dims 128 / 64 causal 2k (128 pairs) and 0.73x at 128 causal 4k
       (64 pairs) (docs/mosaic.md, "Launch order of the backward's key spans").
+    high_first_bytes: high_spans_first applies where one band's query-side tiles, the Q
+      and dO (2 bytes a value) and float32 dQ (4) of its heads' query heads and batch
+      elements, take at most this many bytes; a call whose band takes more launches in
+      the plain order (`launched`: rotated_adds and high_spans_first off for it), since
+      each of its spans walks up from its own diagonal, so a query tile is read by the
+      spans of its head over the whole of the head's walk rather than at about one step,
+      and a band that does not fit in the L2 is fetched from HBM many times over: the
+      launch model's least-recently-used 50 MiB L2 (`benchmarks.launch_sim --l2`,
+      l2_rereads) puts head dim 64 causal bands of 4 at 16k tokens (32 MiB) at one
+      fetch a tile and at 32k or 64k tokens (64-128 MiB) at 12-55, and at head dim 128
+      causal 16k tokens (64 MiB) at 7-21 where the plain order's stays at 1.74; there
+      high_spans_first ran 0.85-0.93x the plain order (docs/mosaic.md, "The spans
+      launched from the last down"). 32 MiB: the head-dim-64 causal default's bands of
+      4 at the grid's 16k tokens, where it was timed. The plain order's own spans read a
+      tile at about one step, so it needs no such bound.
     split_tail: the dK/dV (or fused) kernel's last wave (when the GPU's SMs do not divide
       its CTAs) split by query tiles over every SM (mosaic/split_tail.py, even_pieces):
       the whole CTAs run in the plain launch order on a grid of one axis, then each CTA
@@ -477,6 +499,7 @@ class MosaicBwdConfig:
     split_writer: bool = False
     span_band: int = 1
     band_pairs: int = 32
+    high_first_bytes: int = 32 * 2**20
     split_tail: bool = False
     held_zero: bool = True
     probs_before_dp: bool = False
@@ -560,6 +583,10 @@ class MosaicBwdConfig:
         if self.band_pairs < 1:
             raise ValueError(
                 f"band_pairs={self.band_pairs} must be >= 1 ((head, batch element) pairs a band)"
+            )
+        if self.high_first_bytes < 1:
+            raise ValueError(
+                f"high_first_bytes={self.high_first_bytes} must be >= 1 (a band's query-side bytes)"
             )
         if self.high_spans_first and not self.rotated_adds:
             raise ValueError(
@@ -659,6 +686,19 @@ class MosaicBwdConfig:
         span_band nor band_pairs / batch (one at least), so that every band is whole."""
         widest = min(self.span_band, kv_heads, max(1, self.band_pairs // batch))
         return max(d for d in range(1, widest + 1) if kv_heads % d == 0)
+
+    def launched(
+        self, kv_heads: int, batch: int, seq_q: int, head_dim: int, group: int
+    ) -> MosaicBwdConfig:
+        """This config as a call of these shapes launches it (`head_dim` padded, `group`
+        query heads a key/value head): high_spans_first (with rotated_adds) dropped where
+        a band's query-side tiles take more than high_first_bytes, else itself."""
+        if not self.high_spans_first:
+            return self
+        heads = self.heads_per_band(kv_heads, batch)
+        if heads * batch * seq_q * head_dim * group * (2 + 2 + 4) <= self.high_first_bytes:
+            return self
+        return dataclasses.replace(self, rotated_adds=False, high_spans_first=False)
 
     def interpreted(self) -> MosaicBwdConfig:
         """This config as GPU interpret mode runs it: the interpreter's wgmma reads
@@ -856,15 +896,39 @@ def fused_full_bwd_config(head_dim: int) -> MosaicBwdConfig:
 BWD_CAUSAL_SPAN_BAND = 4
 
 
+# The causal fused row at padded head dim 64 launches each head's key spans from the
+# last down and walks them upward (rotated_adds with high_spans_first), still in bands of
+# 4, since 78baa53's runs (an H100, the tool lent no H200; results/mosaic-78baa53/; bf16,
+# B x T = 16k, backward TFLOP/s): beside the bands' plain order in one process, 2k / 4k /
+# 8k / 16k 319.1 / 387.7 / 430.7 / 444.4 against 310.0 / 374.2 / 411.2 / 424.1 (1.029x
+# / 1.036x / 1.047x / 1.048x; cuDNN 273.6 / 338.3 / 382.7 / 415.0;
+# fa-mosaic-64-true-high-spans-first-plain.jsonl), in a second process 1.032x / 1.034x
+# at 2k / 4k (-plain-2.jsonl) and in a third 1.044x / 1.040x at 8k / 16k
+# (fa-mosaic-bwd-turns.jsonl). With the writer's turn waits taken out (wrong sums, a
+# diagnostic) the plain order ran 1.09-1.10x itself there and high_spans_first 1.01x
+# (fa-mosaic-bwd-no-turns.jsonl): its turns cost little, the plain order's queue of
+# turns about 9 %. At padded head dim 128 causal it ran 0.93x / 0.85x the plain order
+# at 8k / 16k, 0.79x / 0.86x with the waits out of both: its walk loses there, so that
+# row keeps the plain order. Compiled at 78baa53, on the case table's 14 causal rows the
+# reference and two calls the same bits (mosaic-tests.log). Deterministic in its own
+# order (decreasing key span), not the plain order's bits.
+# padded head dims whose causal fused row takes high_spans_first:
+BWD_HIGH_SPANS_FIRST_DIMS = frozenset({64})
+
+
 def default_mosaic_bwd_config(head_dim: int, causal: bool) -> MosaicBwdConfig:
     """The backward default table's row for this head dim and causality (16-bit inputs
     only): the fused kernel at padded head dims 64 and 128 (BWD_FUSED_ROWS; causal in
-    bands of BWD_CAUSAL_SPAN_BAND heads), else the pair (pair_mosaic_bwd_config)."""
+    bands of BWD_CAUSAL_SPAN_BAND heads, at 64 launched from the last span down,
+    BWD_HIGH_SPANS_FIRST_DIMS), else the pair (pair_mosaic_bwd_config)."""
     hp = padded_head_dim(head_dim)
     if (hp, causal) in BWD_FUSED_ROWS:
         config = fused_full_bwd_config(head_dim)
-        if causal:
-            return dataclasses.replace(config, span_band=BWD_CAUSAL_SPAN_BAND)
+        if not causal:
+            return config
+        config = dataclasses.replace(config, span_band=BWD_CAUSAL_SPAN_BAND)
+        if hp in BWD_HIGH_SPANS_FIRST_DIMS:
+            return dataclasses.replace(config, rotated_adds=True, high_spans_first=True)
         return config
     return pair_mosaic_bwd_config(head_dim)
 

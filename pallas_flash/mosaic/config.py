@@ -339,8 +339,11 @@ class MosaicConfig:
       4c2c14e, one process: non-causal 408.7 / 437.5 TFLOP/s at 1k / 2k against the
       default's 384.0 / 425.8 and a second copy of it, 394.7 / 427.4 (1.035-1.064x,
       1.024-1.027x); causal, where the default is not persistent, 0.88x / 0.87x it, as
-      the persistent grid alone. Off: the next device call (docs/mosaic.md) times it at
-      1k-16k twice.
+      the persistent grid alone. At 78baa53 (an H100, two processes;
+      results/mosaic-78baa53/fa-mosaic-64-false-early-q-{1,2}.jsonl) against the
+      head-dim-64 non-causal default: 1.068x / 1.016x at 1k, 0.987x / 1.030x at 2k,
+      1.019x / 1.016x at 4k and 0.939x / 0.957x at 16k, short of the 2 % at 1k and 2k
+      in both and the loss of 1 % at most from 4k that would have taken it: off.
     poly_exp2_cols: the first this many columns of each score tile (a multiple of 8, at
       most block_kv) take their exp2 from a cubic on the FMA and integer units
       (softmax.exp2_poly, relative error below 8e-5, below bfloat16's and float16's

@@ -52,7 +52,8 @@ every turn is due on arrival; a span then waits on spans of higher index, so a h
 spans are launched together and must all be resident (at most one span an SM), unless
 `high_spans_first` launches each head's spans from the last down (and drops the
 rotation): then every wait is on a CTA launched earlier, and under a causal mask the
-span above still reaches each tile first.
+span above still reaches each tile first (with high_spans_first, the head-dim-64 causal
+default since 78baa53: bwd_config.BWD_HIGH_SPANS_FIRST_DIMS).
 `split_writer` (with writer_warp): two writer warps, one a slot, so one step's adds wait
 and land while the next step's go out.
 
