@@ -352,8 +352,8 @@ class MosaicBwdConfig:
       waits taken out of both (wrong sums) the plain order gains 9-10 % at 64 causal
       and this order 1 %, so its turns are nearly free, while at 128 it stays
       0.79-0.86x: its walk is what loses there. In the head-dim-64 causal default since
-      (BWD_HIGH_SPANS_FIRST_DIMS); off at 128 (docs/mosaic.md, "The spans launched from
-      the last down").
+      (BWD_HIGH_SPANS_FIRST_DIMS), where a band fits high_first_bytes; off at 128
+      (docs/mosaic.md, "The spans launched from the last down").
     span_band: the dK/dV (or fused) kernel's launch order, in bands of this many
       key/value heads (the largest divisor of the kernel's head count not above it):
       a band's first key span of every (head, batch element), then every second
@@ -911,7 +911,9 @@ BWD_CAUSAL_SPAN_BAND = 4
 # at 8k / 16k, 0.79x / 0.86x with the waits out of both: its walk loses there, so that
 # row keeps the plain order. Compiled at 78baa53, on the case table's 14 causal rows the
 # reference and two calls the same bits (mosaic-tests.log). Deterministic in its own
-# order (decreasing key span), not the plain order's bits.
+# order (decreasing key span), not the plain order's bits. Where a call's band of 4 heads
+# holds more query-side tiles than high_first_bytes (past the grid's 16k tokens of 32
+# heads: a larger batch, or grouped heads) it launches in the plain order (`launched`).
 # padded head dims whose causal fused row takes high_spans_first:
 BWD_HIGH_SPANS_FIRST_DIMS = frozenset({64})
 
