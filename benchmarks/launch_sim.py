@@ -217,7 +217,7 @@ def l2_rereads(
     """How many times over the fused backward would fetch its query-side tiles from HBM
     through an L2 of `l2_bytes` kept least-recently-used: each step reads a query tile's
     Q and dO (bf16, the group's heads) and reduce-adds its float32 dQ share in L2, so a
-    (head, batch element, query tile) holds 8 + 4 bytes a value there; the steps in the
+    (head, batch element, query tile) holds 2 + 2 + 4 bytes a value there; the steps in the
     order ordered_adds_fill's schedule starts them. 1.0: every tile fetched once (the
     compulsory traffic); a causal span walks each of its tiles once, so at most the
     tile's visitors. K and V (once a CTA) and the L2's own partitioning are left out:

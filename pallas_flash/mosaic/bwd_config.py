@@ -400,7 +400,7 @@ class MosaicBwdConfig:
       each of its spans walks up from its own diagonal, so a query tile is read by the
       spans of its head over the whole of the head's walk rather than at about one step,
       and a band that does not fit in the L2 is fetched from HBM many times over: the
-      launch model's least-recently-used 50 MiB L2 (`benchmarks.launch_sim --l2`,
+      launch model's least-recently-used 50 MiB L2 (`benchmarks.launch_sim --add-steps 1 --l2`,
       l2_rereads) puts head dim 64 causal bands of 4 at 16k tokens (32 MiB) at one
       fetch a tile and at 32k or 64k tokens (64-128 MiB) at 12-55, and at head dim 128
       causal 16k tokens (64 MiB) at 7-21 where the plain order's stays at 1.74; there
