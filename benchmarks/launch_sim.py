@@ -217,13 +217,13 @@ def l2_rereads(
     """How many times over the fused backward would fetch its query-side tiles from HBM
     through an L2 of `l2_bytes` kept least-recently-used: each step reads a query tile's
     Q and dO (bf16, the group's heads) and reduce-adds its float32 dQ share in L2, so a
-    (head, batch element, query tile) holds 2 + 2 + 4 bytes a value there; the steps in the
+    (head, batch element, query tile) holds QUERY_SIDE_BYTES a value there; the steps in the
     order ordered_adds_fill's schedule starts them. 1.0: every tile fetched once (the
     compulsory traffic); a causal span walks each of its tiles once, so at most the
     tile's visitors. K and V (once a CTA) and the L2's own partitioning are left out:
     a count of distances between a tile's reads, not of their time on the GPU."""
     _, _, steps = _fused_walks(config, t, b, n, k, causal, cta_steps, add_steps)
-    size = config.block_q_dkv * padded_head_dim(head_dim) * (n // k) * (2 + 2 + 4)
+    size = config.block_q_dkv * padded_head_dim(head_dim) * (n // k) * bwd_config.QUERY_SIDE_BYTES
     held: OrderedDict = OrderedDict()
     fetched = 0
     for _, h, e, tile in sorted(steps):

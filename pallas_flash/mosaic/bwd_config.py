@@ -696,7 +696,7 @@ class MosaicBwdConfig:
         if not self.high_spans_first:
             return self
         heads = self.heads_per_band(kv_heads, batch)
-        if heads * batch * seq_q * head_dim * group * (2 + 2 + 4) <= self.high_first_bytes:
+        if heads * batch * seq_q * head_dim * group * QUERY_SIDE_BYTES <= self.high_first_bytes:
             return self
         return dataclasses.replace(self, rotated_adds=False, high_spans_first=False)
 
@@ -894,6 +894,12 @@ def fused_full_bwd_config(head_dim: int) -> MosaicBwdConfig:
 # results/mosaic-4c2c14e/fa-mosaic-64-true-bwd-bands.jsonl), short of the 3 % from 8k that
 # would have taken them.
 BWD_CAUSAL_SPAN_BAND = 4
+
+
+# The bytes a query-side value takes in the fused backward's working set: Q and dO (16-bit
+# inputs) read each step, and the float32 dQ the ordered adds build in the L2
+# (MosaicBwdConfig.high_first_bytes; benchmarks.launch_sim.l2_rereads).
+QUERY_SIDE_BYTES = 2 + 2 + 4
 
 
 # The causal fused row at padded head dim 64 launches each head's key spans from the
