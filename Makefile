@@ -19,16 +19,18 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 venv: $(VENV)/.installed
 
 # Compiling for the H200 without a GPU (benchmarks/deviceless.py: ptxas's registers,
-# spills and serialized wgmmas, PTX and SASS of every kernel, on this machine): the
-# project with JAX's CUDA plugin and nvdisasm but no CUDA libraries, so nothing runs on
-# a GPU. Apart from $(VENV): CPU tests run without a GPU plugin (tests/conftest.py).
+# spills and serialized wgmmas, PTX and SASS of every kernel, on this machine): JAX's
+# CUDA plugin and nvdisasm but no CUDA libraries, so nothing runs on a GPU. Apart from
+# $(VENV): CPU tests run without a GPU plugin (tests/conftest.py). It holds only those
+# two and reads the rest from $(VENV) (a .pth that adds $(VENV)'s site-packages, its
+# editable install included): a second copy of JAX and the project's other needs took
+# 0.9 GB more, and CI once ran out of disk installing it.
 VENV_SM90 ?= .venv-sm90
 
-$(VENV_SM90)/.installed: pyproject.toml
+$(VENV_SM90)/.installed: $(VENV)/.installed
 	$(PYTHON) -m venv $(VENV_SM90)
-	$(VENV_SM90)/bin/pip install -q --upgrade pip
-	$(VENV_SM90)/bin/pip install -q -e '.[dev]' 'jax-cuda13-plugin==0.11.2' \
-	  'nvidia-cuda-nvdisasm==13.5.37'
+	$(VENV_SM90)/bin/python scripts/layer_venv.py $(VENV)
+	$(VENV_SM90)/bin/pip install -q 'jax-cuda13-plugin==0.11.2' 'nvidia-cuda-nvdisasm==13.5.37'
 	touch $@
 
 venv-sm90: $(VENV_SM90)/.installed
