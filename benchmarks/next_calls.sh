@@ -57,19 +57,18 @@ case $call in
     FA_PASSES=bwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M/pair,$M/pair/probs_before_dp=true,jax.nn:cudnn \
       timeout 290 bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true mosaic-fa:128:true
     keep fa-mosaic-bwd-probs-before-dp ;;
-  5) # high_spans_first and the L2 (high_first_bytes, the launch model's l2_rereads):
-    # at head dim 64 causal with 64k tokens a batch (4x the grid's; no README cell), where
-    # its bands of 4 would hold 128 MiB of query-side tiles, the default launches in the
-    # plain order; beside it forced (high_first_bytes=2^30; the model: 28x / 55x the
-    # compulsory fetches at 8k / 16k) and in bands of one head (32 MiB: one fetch a
-    # tile). Then at head dim 128 causal (16k tokens), where it ran 0.85-0.93x the plain
-    # order in bands of 4 (64 MiB, forced here as timed then), in bands of 2 and 1.
-    F=$M/high_first_bytes=1073741824
+  5) # high_spans_first and the L2 (high_first_bytes, the launch model's l2_rereads): at
+    # head dim 64 causal with 32k tokens a batch (2x the grid's; no README cell), where
+    # bands of 4 would hold 64 MiB of query-side tiles, the default launches in bands of
+    # 2 (launched; bands of one head at 64k tokens ran 1.014x / 1.017x the plain order,
+    # 2a56c3a), beside the plain order (high_first_bytes=1: no head fits) and cuDNN. Then
+    # at head dim 128 causal (16k tokens), where it ran 0.85-0.93x the plain order in
+    # bands of 4 (64 MiB, forced here as timed then), in bands of 2 and 1.
     for seq in 8192 16384; do
-      FA_PASSES=bwd FA_SEQS=$seq FA_BATCHES=$((65536 / seq)) \
-        MOSAIC_FA_IMPLS=$M,$F,$M/span_band=1,jax.nn:cudnn \
-        timeout 140 bash $G "$C" mosaic-fa:64:true
-      keep fa-mosaic-64-true-high-first-64k-$seq
+      FA_PASSES=bwd FA_SEQS=$seq FA_BATCHES=$((32768 / seq)) \
+        MOSAIC_FA_IMPLS=$M,$M/high_first_bytes=1,jax.nn:cudnn \
+        timeout 120 bash $G "$C" mosaic-fa:64:true
+      keep fa-mosaic-64-true-high-first-32k-$seq
     done
     H=$M/rotated_adds=true/high_spans_first=true
     FA_PASSES=bwd FA_SEQS=8192,16384 \

@@ -23,6 +23,7 @@ from pallas_flash.mosaic import backward as mosaic_backward
 from pallas_flash.mosaic import pipeline
 from pallas_flash.mosaic.bwd_config import (
     BWD_CAUSAL_SPAN_BAND,
+    QUERY_SIDE_BYTES,
     MosaicBwdConfig,
     default_mosaic_bwd_config,
     fused_full_bwd_config,
@@ -231,20 +232,29 @@ def test_interpret_span_band_changes_no_bit(case, config, band):
     _flag_changes_no_bit(case, config, "span_band", True, values=(band, 1))
 
 
-def test_high_first_bytes_launches_a_band_that_does_not_fit_in_the_plain_order():
+def test_high_first_bytes_narrows_a_band_that_does_not_fit():
     """high_spans_first applies where a band's query-side tiles (Q, dO and float32 dQ of
     its heads' query heads and batch elements: 8 bytes a value) fit high_first_bytes;
-    above, the call launches in the plain order (rotated_adds off too), and a config
-    without it is launched as it is."""
+    above, the band narrows to the most whole heads that fit, and where one head does
+    not, the call launches in the plain order (rotated_adds off too); a config without
+    it is launched as it is."""
     high = default_mosaic_bwd_config(64, True)
     assert high.high_spans_first and high.high_first_bytes == 32 * 2**20
+    assert high.span_band == 4
     plain = dataclasses.replace(high, rotated_adds=False, high_spans_first=False)
+    band = lambda n: dataclasses.replace(high, span_band=n)  # noqa: E731
     # the grid's 16k tokens, 32 heads: bands of 4 (fewer at 1k, band_pairs) take 32 MiB
     for seq in (1024, 2048, 16384):
         assert high.launched(32, 16384 // seq, seq, 64, 1) == high, seq
-    assert high.launched(32, 2, 16384, 64, 1) == plain  # 32k tokens: 64 MiB
-    assert high.launched(32, 1, 16384, 64, 2) == plain  # a GQA group of 2: 64 MiB
-    assert high.launched(4, 2, 8192, 64, 4) == plain  # 4 heads of 4 queries: 128 MiB
+    assert high.launched(32, 2, 16384, 64, 1) == band(2)  # 32k tokens: 16 MiB a head
+    assert high.launched(32, 1, 16384, 64, 2) == band(2)  # a GQA group of 2: the same
+    assert high.launched(32, 8, 8192, 64, 1) == band(1)  # 64k tokens: 32 MiB a head
+    assert high.launched(32, 4, 16384, 64, 1) == band(1)
+    assert high.launched(4, 2, 8192, 64, 4) == band(1)  # 4 heads of 4 queries: 32 MiB
+    # whole bands only: 3 heads of 16 MiB (32k tokens) take a band of 1, not 2
+    assert high.launched(3, 2, 16384, 64, 1) == band(1)
+    assert high.launched(32, 16, 8192, 64, 1) == plain  # 128k tokens: 64 MiB a head
+    assert high.launched(32, 1, 16384, 64, 8) == plain  # a group of 8: 64 MiB a head
     # a band narrowed by band_pairs: 32 batch elements at 1k, one head, 16 MiB
     assert high.launched(32, 32, 1024, 64, 1) == high
     assert plain.launched(32, 2, 16384, 64, 1) == plain
@@ -256,24 +266,33 @@ def test_high_first_bytes_launches_a_band_that_does_not_fit_in_the_plain_order()
 
 def test_high_first_bytes_reaches_the_kernel(monkeypatch):
     """backward.py launches the config `launched` gives (traced only, not run): the
-    spans from the last down where the band fits, the plain order where it does not."""
+    spans from the last down where the band fits, in narrower bands where only they fit,
+    the plain order where one head does not."""
     seen = []
     real = mosaic_backward.dkdv_kernel
 
     def spy(*args, config, **kwargs):
-        seen.append(config.high_spans_first)
+        seen.append((config.high_spans_first, config.span_band))
         return real(*args, config=config, **kwargs)
 
     monkeypatch.setattr(mosaic_backward, "dkdv_kernel", spy)
     (q, k, v, do, dlse), ref, _ = _problem(SPAN_BAND_CASE, 0, True)
     o, lse = ref[0].astype(SPAN_BAND_CASE.dtype), ref[1]
-    high = dataclasses.replace(FUSED_ROWS, rotated_adds=True, high_spans_first=True)
-    for config, want in ((high, True), (dataclasses.replace(high, high_first_bytes=1), False)):
+    high = dataclasses.replace(FUSED_ROWS, rotated_adds=True, high_spans_first=True, span_band=4)
+    # one of the case's 4 key/value heads: 2 batch elements x 130 queries x 2 query heads
+    head_bytes = 2 * 130 * 64 * 2 * QUERY_SIDE_BYTES
+    for first_bytes, want in (
+        (4 * head_bytes, (True, 4)),
+        (3 * head_bytes, (True, 2)),  # whole bands: 2 heads, not 3
+        (head_bytes, (True, 1)),
+        (head_bytes - 1, (False, 4)),
+    ):
+        config = dataclasses.replace(high, high_first_bytes=first_bytes)
         seen.clear()
         jax.eval_shape(
             lambda *a, c=config: _backward(SPAN_BAND_CASE, c, True, *a), q, k, v, o, lse, do, dlse
         )
-        assert seen and set(seen) == {want}, (config.high_first_bytes, seen)
+        assert seen and set(seen) == {want}, (first_bytes, seen)
 
 
 @pytest.mark.extended

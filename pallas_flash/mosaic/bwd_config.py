@@ -396,18 +396,22 @@ class MosaicBwdConfig:
     high_first_bytes: high_spans_first applies where one band's query-side tiles, the Q
       and dO (2 bytes a value) and float32 dQ (4) of its heads' query heads and batch
       elements, take at most this many bytes; a call whose band takes more launches in
-      the plain order (`launched`: rotated_adds and high_spans_first off for it), since
-      each of its spans walks up from its own diagonal, so a query tile is read by the
-      spans of its head over the whole of the head's walk rather than at about one step,
-      and a band that does not fit in the L2 is fetched from HBM many times over: the
-      launch model's least-recently-used 50 MiB L2 (`benchmarks.launch_sim --add-steps 1 --l2`,
-      l2_rereads) puts head dim 64 causal bands of 4 at 16k tokens (32 MiB) at one
-      fetch a tile and at 32k or 64k tokens (64-128 MiB) at 12-55, and at head dim 128
-      causal 16k tokens (64 MiB) at 7-21 where the plain order's stays at 1.74; there
-      high_spans_first ran 0.85-0.93x the plain order (docs/mosaic.md, "The spans
-      launched from the last down"). 32 MiB: the head-dim-64 causal default's bands of
-      4 at the grid's 16k tokens, where it was timed. The plain order's own spans read a
-      tile at about one step, so it needs no such bound.
+      narrower bands, of the most whole heads that fit (`launched`: span_band; the same
+      bits), and one where a single head takes more, in the plain order (rotated_adds
+      and high_spans_first off for it), since each of its spans walks up from its own
+      diagonal, so a query tile is read by the spans of its head over the whole of the
+      head's walk rather than at about one step, and a band that does not fit in the L2
+      is fetched from HBM many times over: the launch model's least-recently-used 50 MiB
+      L2 (`benchmarks.launch_sim --add-steps 1 --l2`, l2_rereads) puts head dim 64
+      causal bands of 4 at 16k tokens (32 MiB) at one fetch a tile and at 32k or 64k
+      tokens (64-128 MiB) at 12-55, and at head dim 128 causal 16k tokens (64 MiB) at
+      7-21 where the plain order's stays at 1.74; there high_spans_first ran 0.85-0.93x
+      the plain order (docs/mosaic.md, "The spans launched from the last down"). 32 MiB:
+      the head-dim-64 causal default's bands of 4 at the grid's 16k tokens, where it was
+      timed. At 64k tokens (8 x 8k, 4 x 16k) forced bands of 4 (128 MiB) ran 0.64x the
+      plain order, bands of one head (32 MiB) 1.014x / 1.017x (at 2a56c3a on an H100,
+      results/mosaic-2a56c3a/). The plain order's own spans read a tile at about one
+      step, so it needs no such bound.
     split_tail: the dK/dV (or fused) kernel's last wave (when the GPU's SMs do not divide
       its CTAs) split by query tiles over every SM (mosaic/split_tail.py, even_pieces):
       the whole CTAs run in the plain launch order on a grid of one axis, then each CTA
@@ -691,13 +695,24 @@ class MosaicBwdConfig:
         self, kv_heads: int, batch: int, seq_q: int, head_dim: int, group: int
     ) -> MosaicBwdConfig:
         """This config as a call of these shapes launches it (`head_dim` padded, `group`
-        query heads a key/value head): high_spans_first (with rotated_adds) dropped where
-        a band's query-side tiles take more than high_first_bytes, else itself."""
+        query heads a key/value head): where a band's query-side tiles take more than
+        high_first_bytes, the band narrowed to the most whole heads that fit (span_band;
+        the same bits, since high_spans_first's turns go in decreasing span order in any
+        band), and where one head's do not fit, high_spans_first (with rotated_adds)
+        dropped: the plain order. Else itself."""
         if not self.high_spans_first:
             return self
+        head_bytes = batch * seq_q * head_dim * group * QUERY_SIDE_BYTES
         heads = self.heads_per_band(kv_heads, batch)
-        if heads * batch * seq_q * head_dim * group * QUERY_SIDE_BYTES <= self.high_first_bytes:
+        if heads * head_bytes <= self.high_first_bytes:
             return self
+        fits = [
+            d
+            for d in range(1, heads)
+            if kv_heads % d == 0 and d * head_bytes <= self.high_first_bytes
+        ]
+        if fits:
+            return dataclasses.replace(self, span_band=max(fits))
         return dataclasses.replace(self, rotated_adds=False, high_spans_first=False)
 
     def interpreted(self) -> MosaicBwdConfig:
@@ -919,7 +934,8 @@ QUERY_SIDE_BYTES = 2 + 2 + 4
 # reference and two calls the same bits (mosaic-tests.log). Deterministic in its own
 # order (decreasing key span), not the plain order's bits. Where a call's band of 4 heads
 # holds more query-side tiles than high_first_bytes (past the grid's 16k tokens of 32
-# heads: a larger batch, or grouped heads) it launches in the plain order (`launched`).
+# heads: a larger batch, or grouped heads) it launches in narrower bands that fit, and in
+# the plain order where one head does not (`launched`).
 # padded head dims whose causal fused row takes high_spans_first:
 BWD_HIGH_SPANS_FIRST_DIMS = frozenset({64})
 
