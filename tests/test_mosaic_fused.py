@@ -296,14 +296,21 @@ def test_high_first_bytes_reaches_the_kernel(monkeypatch):
 
 
 @pytest.mark.extended
-def test_interpret_high_first_bytes_gives_the_plain_orders_bits():
-    """A band over high_first_bytes (here 1 byte) launches the call in the plain order,
-    and gives its bits."""
-    high = dataclasses.replace(FUSED_ROWS, rotated_adds=True, high_spans_first=True)
-    over = dataclasses.replace(high, high_first_bytes=1)
+def test_interpret_high_first_bytes_narrows_or_gives_the_plain_orders_bits():
+    """A band over high_first_bytes narrows to the heads that fit and keeps
+    high_spans_first's bits (one head of SPAN_BAND_CASE's four fits: bands of one); where
+    no head fits (1 byte) the call launches in the plain order and gives its bits."""
+    high = dataclasses.replace(FUSED_ROWS, rotated_adds=True, high_spans_first=True, span_band=4)
+    head_bytes = 2 * 130 * 64 * 2 * QUERY_SIDE_BYTES  # as in the test above
     seed = _seed(SPAN_BAND_CASE)
     chex.assert_trees_all_equal(
-        _compare(SPAN_BAND_CASE, over, True, seed=seed),
+        _compare(
+            SPAN_BAND_CASE, dataclasses.replace(high, high_first_bytes=head_bytes), True, seed=seed
+        ),
+        _compare(SPAN_BAND_CASE, high, True, seed=seed),
+    )
+    chex.assert_trees_all_equal(
+        _compare(SPAN_BAND_CASE, dataclasses.replace(high, high_first_bytes=1), True, seed=seed),
         _compare(SPAN_BAND_CASE, FUSED_ROWS, True, seed=seed),
     )
 
