@@ -74,6 +74,12 @@ case $call in
     FA_PASSES=bwd FA_SEQS=8192,16384 \
       MOSAIC_FA_IMPLS=$M,$H/high_first_bytes=1073741824,$H/span_band=2,$H/span_band=1,jax.nn:cudnn \
       timeout 250 bash $G "$C" mosaic-fa:128:true
-    keep fa-mosaic-128-true-high-spans-first-bands ;;
+    keep fa-mosaic-128-true-high-spans-first-bands
+    # compiled: bands narrowed by high_first_bytes keep the bits of bands of 4 (10 causal
+    # GQA rows); the split_tail backward test, which takes the default row in the plain
+    # order since 78baa53 (not compiled since).
+    K="test_gpu_high_first_bytes_narrowed_band or test_gpu_split_tail_backward"
+    MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=150 MOSAIC_TESTS_K="$K" \
+      bash $G "$C" mosaic-tests ;;
   *) echo "next_calls: no call $call (1 to 5)" >&2; exit 2 ;;
 esac

@@ -792,6 +792,25 @@ def test_gpu_fused_high_spans_first_matches_reference(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(
+    "case", [c for c in FUSED_GPU_CASES if c.causal and c.kv_heads > 1], ids=lambda c: c.id
+)
+def test_gpu_high_first_bytes_narrowed_band_changes_no_bit(case):
+    """high_spans_first in bands narrowed to one head by high_first_bytes (`launched`, as
+    a call past the grid's 16k tokens gets them), compiled: the bits of bands of 4 (the
+    turns go in decreasing span order in any band), and the reference's tolerance."""
+    default = default_mosaic_bwd_config(case.head_dim, case.causal)
+    config = dataclasses.replace(default, rotated_adds=True, high_spans_first=True)
+    hp, group = padded_head_dim(case.head_dim), case.heads // case.kv_heads
+    head_bytes = case.batch * case.seq_q * hp * group * QUERY_SIDE_BYTES
+    one = dataclasses.replace(config, high_first_bytes=head_bytes)
+    assert one.launched(case.kv_heads, case.batch, case.seq_q, hp, group).span_band == 1
+    _flag_changes_no_bit(
+        case, config, "high_first_bytes", interpret=False, values=(2**40, head_bytes)
+    )
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("case", FUSED_GPU_CASES, ids=lambda c: c.id)
 def test_gpu_fused_split_writer_changes_no_bit(case):
     """Two writer warps, a slot each (split_writer), compiled in the build timed, the
