@@ -312,6 +312,8 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
     if call == "5":  # head dim 64 at 32k tokens (4 and 2 batch elements), then 128
         assert len(benches) == 3 and "--head-dims 128" in benches[-1], benches
         assert [_option(line, "--batches") for line in benches] == ["4", "2", None]
+        tests = _one(calls, "-m pytest -m gpu", "test_gpu_high_first_bytes_narrowed_band")
+        assert "test_gpu_split_tail_backward" in tests
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):
