@@ -248,9 +248,10 @@ def report(
     add_steps: float | None = None,
     high_first: bool = False,
     l2: bool = False,
+    tokens: int = 16384,
 ) -> str:
-    """One line of the fa grid's shape (16k tokens a batch, 2048 // head_dim heads, or
-    `heads`):
+    """One line of the fa grid's shape (16k tokens a batch, or `tokens`; 2048 // head_dim
+    heads, or `heads`):
     the forward's CTAs (or items) and fill, and the backward's in bands of each of
     `bands` heads (`MosaicBwdConfig.span_band`); with `add_steps`, the fused kernel's
     fill with its ordered adds waited on too (ordered_adds_fill), and with `high_first`
@@ -258,7 +259,9 @@ def report(
     causal default's order; the bands and the split are modelled in the plain order);
     with `l2`, the fused kernel's query-side tiles' fetches from HBM over the
     compulsory (l2_rereads, on that schedule)."""
-    b, n = 16384 // seq, heads or 2048 // head_dim
+    if tokens % seq:
+        raise ValueError(f"tokens={tokens} is not a whole number of sequences of {seq}")
+    b, n = tokens // seq, heads or 2048 // head_dim
     fwd = fwd_config.default_mosaic_config(head_dim, seq, causal)
     units = "items on 132 CTAs" if fwd.persistent else "CTAs"
     items = n * _ceil(seq, fwd.consumers * fwd.block_q) * b
@@ -310,6 +313,9 @@ def main(argv=None):
     parser.add_argument("--cta-steps", type=float, default=2.0, help="a CTA's fixed cost")
     parser.add_argument("--heads", default="", help="head counts (default: the grid's)")
     parser.add_argument(
+        "--tokens", type=int, default=16384, help="tokens a batch (batch x seq; the grid's)"
+    )
+    parser.add_argument(
         "--add-steps",
         type=float,
         default=None,
@@ -342,6 +348,7 @@ def main(argv=None):
                         args.add_steps,
                         args.high_spans_first,
                         args.l2,
+                        args.tokens,
                     )
                     print(line)
 

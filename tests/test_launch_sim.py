@@ -188,3 +188,14 @@ def test_l2_rereads_count_the_query_tiles_fetches():
         assert got > 12, (band, got)
     line = launch_sim.report(64, 4096, True, [4], 2.0, add_steps=1.0, high_first=True, l2=True)
     assert "L2 fetches 1.00x (high spans first 1.00x)" in line, line
+
+
+def test_tokens_set_the_batch():
+    """--tokens: a batch of tokens // seq elements (the grid's 16k by default), so twice
+    the tokens launch twice the CTAs; a length that does not divide them is refused."""
+    grid = launch_sim.report(64, 8192, True, [1], 2.0)
+    double = launch_sim.report(64, 8192, True, [1], 2.0, tokens=32768)
+    assert "fwd 4096 CTAs" in grid and "fused 4096 CTAs" in grid, grid
+    assert "fwd 8192 CTAs" in double and "fused 8192 CTAs" in double, double
+    with pytest.raises(ValueError, match="tokens=10000"):
+        launch_sim.report(64, 8192, True, [1], 2.0, tokens=10000)
