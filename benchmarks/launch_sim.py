@@ -17,6 +17,7 @@ key span's add to the same query tile, and takes A steps (ordered_adds_fill); wi
 `--high-spans-first`, also that fill with the spans launched from the last down
 (MosaicBwdConfig.high_spans_first); with `--l2`, how many times over that schedule
 fetches its query tiles from HBM through a least-recently-used L2 (l2_rereads).
+`--tokens N`: N // seq batch elements rather than the grid's 16k tokens' worth.
 """
 
 from __future__ import annotations
