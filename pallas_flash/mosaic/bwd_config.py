@@ -703,17 +703,14 @@ class MosaicBwdConfig:
         if not self.high_spans_first:
             return self
         head_bytes = batch * seq_q * head_dim * group * QUERY_SIDE_BYTES
-        heads = self.heads_per_band(kv_heads, batch)
-        if heads * head_bytes <= self.high_first_bytes:
+        if self.heads_per_band(kv_heads, batch) * head_bytes <= self.high_first_bytes:
             return self
-        fits = [
-            d
-            for d in range(1, heads)
-            if kv_heads % d == 0 and d * head_bytes <= self.high_first_bytes
-        ]
-        if fits:
-            return dataclasses.replace(self, span_band=max(fits))
-        return dataclasses.replace(self, rotated_adds=False, high_spans_first=False)
+        fit = self.high_first_bytes // head_bytes  # the most heads a band may hold
+        if fit == 0:
+            return dataclasses.replace(self, rotated_adds=False, high_spans_first=False)
+        # whole bands: heads_per_band's largest divisor of kv_heads, now not above `fit`
+        narrow = dataclasses.replace(self, span_band=fit).heads_per_band(kv_heads, batch)
+        return dataclasses.replace(self, span_band=narrow)
 
     def interpreted(self) -> MosaicBwdConfig:
         """This config as GPU interpret mode runs it: the interpreter's wgmma reads
