@@ -205,6 +205,9 @@ def test_interpret_step_descriptors_change_no_bit(case, config):
 # (head, batch element), causal, so the spans walk different numbers of query tiles; in
 # bands of 2 heads, two bands.
 SPAN_BAND_CASE = Case(2, 130, 300, 8, 4, 64, BF16, causal=True)
+# One of its key/value heads' query-side bytes (high_first_bytes): 2 batch elements x
+# 130 queries x 64 columns x 2 query heads.
+SPAN_BAND_HEAD_BYTES = 2 * 130 * 64 * 2 * QUERY_SIDE_BYTES
 
 
 @pytest.mark.extended
@@ -279,8 +282,7 @@ def test_high_first_bytes_reaches_the_kernel(monkeypatch):
     (q, k, v, do, dlse), ref, _ = _problem(SPAN_BAND_CASE, 0, True)
     o, lse = ref[0].astype(SPAN_BAND_CASE.dtype), ref[1]
     high = dataclasses.replace(FUSED_ROWS, rotated_adds=True, high_spans_first=True, span_band=4)
-    # one of the case's 4 key/value heads: 2 batch elements x 130 queries x 2 query heads
-    head_bytes = 2 * 130 * 64 * 2 * QUERY_SIDE_BYTES
+    head_bytes = SPAN_BAND_HEAD_BYTES
     for first_bytes, want in (
         (4 * head_bytes, (True, 4)),
         (3 * head_bytes, (True, 2)),  # whole bands: 2 heads, not 3
@@ -301,12 +303,10 @@ def test_interpret_high_first_bytes_narrows_or_gives_the_plain_orders_bits():
     high_spans_first's bits (one head of SPAN_BAND_CASE's four fits: bands of one); where
     no head fits (1 byte) the call launches in the plain order and gives its bits."""
     high = dataclasses.replace(FUSED_ROWS, rotated_adds=True, high_spans_first=True, span_band=4)
-    head_bytes = 2 * 130 * 64 * 2 * QUERY_SIDE_BYTES  # as in the test above
+    one_head = dataclasses.replace(high, high_first_bytes=SPAN_BAND_HEAD_BYTES)
     seed = _seed(SPAN_BAND_CASE)
     chex.assert_trees_all_equal(
-        _compare(
-            SPAN_BAND_CASE, dataclasses.replace(high, high_first_bytes=head_bytes), True, seed=seed
-        ),
+        _compare(SPAN_BAND_CASE, one_head, True, seed=seed),
         _compare(SPAN_BAND_CASE, high, True, seed=seed),
     )
     chex.assert_trees_all_equal(
