@@ -165,6 +165,18 @@ for step in "$@"; do
                --pass "${PROFILE_PASS:-fwd+bwd}" --sections "${PROFILE_SECTIONS:-}" \
                ${PROFILE_KERNELS:+--kernels "$PROFILE_KERNELS"} ${PROFILE_DETAILS:+--details} \
                --out "$OUT/profile-fa.jsonl" ;;
+    # stalls-fa:HEAD_DIM:SEQ[:CAUSAL]: where one kernel's warps wait, per SASS instruction
+    # (benchmarks.stall_sites: Nsight Compute's warp samples joined to the SASS, summed over
+    # the kernel's steps) at that fa-grid shape, for STALLS_IMPL (default ours), STALLS_PASS
+    # (fwd+bwd, or fwd) and STALLS_KERNELS (a regular expression; default the Mosaic
+    # backward's kernels, pallas_flash_mosaic_fwd the forward's); STALLS_NAME names the
+    # files: the exported source page (NAME-sass.csv.gz) and its summary (NAME-summary.json).
+    stalls-fa:*) spec=${step#stalls-fa:}; hd=${spec%%:*}; spec=${spec#*:}; seq=${spec%%:*}
+             causal=false; [ "$spec" != "$seq" ] && causal=${spec#*:}
+             timeout 200 python3 -m benchmarks.stall_sites --head-dim "$hd" --seq "$seq" \
+               --causal "$causal" --impl "${STALLS_IMPL:-pallas_flash:mosaic}" \
+               --pass "${STALLS_PASS:-fwd+bwd}" --kernels "${STALLS_KERNELS:-pallas_flash_mosaic_bwd}" \
+               ${STALLS_NAME:+--name "$STALLS_NAME"} --out-dir "$OUT" ;;
     fa:*) timeout 590 python3 -m benchmarks.bench --suite fa --commit "$commit" \
              --run-id "$run_id" --time-budget "${step#fa:}" --out "$OUT/fa.jsonl" ;;
     # Launch configs of the Triton kernels (sweep) or the Mosaic GPU kernels

@@ -38,48 +38,36 @@ case $call in
     FA_PASSES=bwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,jax.nn:cudnn timeout 270 \
       bash $G "$C" mosaic-fa:128:false mosaic-fa:64:true
     keep fa-mosaic-bwd-defaults ;;
-  3) # the writer's hand-over patch on the default ("Two writer warps", item 5): applied
-    # to this copy of the tree, timed, then its compiled tests; nothing runs without it.
-    P=benchmarks/results/mosaic-3167827/hand-over.patch
-    if patch -p1 --forward < $P && grep -q "not again" pallas_flash/mosaic/dq_adds.py; then
-      FA_PASSES=bwd FA_SEQS=8192 MOSAIC_FA_IMPLS=$M,jax.nn:cudnn timeout 300 \
-        bash $G "$C-hand-over" mosaic-fa:128:false
-      keep fa-mosaic-128-false-hand-over
-      K="(test_mosaic_backward and test_gpu_matches_reference and regs and not h256)"
-      K="$K or (test_mosaic_backward and test_gpu_is_bitwise_deterministic)"
-      MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=300 MOSAIC_TESTS_K="$K" \
-        bash $G "$C-hand-over" mosaic-tests
-    else echo "next_calls: $P does not apply here" >&2; exit 1; fi ;;
-  4) # the Mosaic kernels on the masks suite (head dim 128, 8k), each mask's overhead;
-    # then (H) probs_before_dp in the pair (FA3's order, the fused default's, has it
-    # already) beside the pair and cuDNN.
-    OURS_IMPLS=$M,jax.nn:cudnn BENCH_BUDGET=200 bash $G "$C" masks-ours:none,segments:4,padding
-    FA_PASSES=bwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M/pair,$M/pair/probs_before_dp=true,jax.nn:cudnn \
-      timeout 290 bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true mosaic-fa:128:true
-    keep fa-mosaic-bwd-probs-before-dp ;;
-  5) # high_spans_first and the L2 (high_first_bytes, the launch model's l2_rereads): at
-    # head dim 64 causal with 32k tokens a batch (2x the grid's; no README cell), where
-    # bands of 4 would hold 64 MiB of query-side tiles, the default launches in bands of
-    # 2 (launched; bands of one head at 64k tokens ran 1.014x / 1.017x the plain order,
-    # 2a56c3a), beside the plain order (high_first_bytes=1: no head fits) and cuDNN. Then
-    # at head dim 128 causal (16k tokens), where it ran 0.85-0.93x the plain order in
-    # bands of 4 (64 MiB, forced here as timed then), in bands of 2 and 1.
-    for seq in 8192 16384; do
-      FA_PASSES=bwd FA_SEQS=$seq FA_BATCHES=$((32768 / seq)) \
-        MOSAIC_FA_IMPLS=$M,$M/high_first_bytes=1,jax.nn:cudnn \
-        timeout 120 bash $G "$C" mosaic-fa:64:true
-      keep fa-mosaic-64-true-high-first-32k-$seq
-    done
-    H=$M/rotated_adds=true/high_spans_first=true
-    FA_PASSES=bwd FA_SEQS=8192,16384 \
-      MOSAIC_FA_IMPLS=$M,$H/high_first_bytes=1073741824,$H/span_band=2,$H/span_band=1,jax.nn:cudnn \
-      timeout 250 bash $G "$C" mosaic-fa:128:true
-    keep fa-mosaic-128-true-high-spans-first-bands
-    # compiled: bands narrowed by high_first_bytes keep the bits of bands of 4 (10 causal
-    # GQA rows); the split_tail backward test, which takes the default row in the plain
-    # order since 78baa53 (not compiled since).
-    K="test_gpu_high_first_bytes_narrowed_band or test_gpu_split_tail_backward"
-    MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=150 MOSAIC_TESTS_K="$K" \
+  3) # early_lse (each step's lse read before its scores' wgmma: docs/mosaic.md, "Where the
+    # consumers wait") at head dim 128, where the fused default's source profile found 11 %
+    # of a consumer's step samples on the lse's first FFMAs (0e8a8d2): beside the default
+    # and cuDNN non-causal 2k / 8k / 16k and causal 8k / 16k; then its source profile at
+    # 128 non-causal 8k (those stalls gone?) and its compiled tests (padded head dim 128).
+    FA_PASSES=bwd FA_SEQS=2048,8192,16384 MOSAIC_FA_IMPLS=$M,$M/early_lse=true,jax.nn:cudnn \
+      timeout 170 bash $G "$C" mosaic-fa:128:false
+    keep fa-mosaic-128-false-early-lse
+    FA_PASSES=bwd FA_SEQS=8192,16384 MOSAIC_FA_IMPLS=$M,$M/early_lse=true,jax.nn:cudnn \
+      timeout 130 bash $G "$C" mosaic-fa:128:true
+    keep fa-mosaic-128-true-early-lse
+    STALLS_IMPL=$M/early_lse=true STALLS_NAME=stalls-128-false-8k-early-lse \
+      bash $G "$C" stalls-fa:128:8192:false
+    MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=180 MOSAIC_TESTS_K=test_gpu_fused_early_lse \
       bash $G "$C" mosaic-tests ;;
-  *) echo "next_calls: no call $call (1 to 5)" >&2; exit 2 ;;
+  4) # where the other defaults' warps wait (benchmarks.stall_sites, about 30 s each): the
+    # backward at head dim 64 non-causal and causal 8k and at 128 causal 16k (0.98x cuDNN
+    # there on an H100, 0e8a8d2), the forward at head dim 64 causal 2k (its weakest cell
+    # against the best peer) and 64 non-causal 8k; then probs_before_dp at head dim 256,
+    # the one row that takes the pair (its dQ kernel's wait moves: 1.00-1.07x in the pair
+    # at head dims 64 and 128, 0e8a8d2), beside the default and cuDNN.
+    for spec in 64:8192:false 64:8192:true 128:16384:true; do
+      STALLS_NAME=stalls-bwd-${spec//:/-} bash $G "$C" stalls-fa:$spec
+    done
+    for spec in 64:2048:true 64:8192:false; do
+      STALLS_PASS=fwd STALLS_KERNELS=pallas_flash_mosaic_fwd STALLS_NAME=stalls-fwd-${spec//:/-} \
+        bash $G "$C" stalls-fa:$spec
+    done
+    FA_PASSES=bwd FA_SEQS=2048,8192,16384 MOSAIC_FA_IMPLS=$M,$M/probs_before_dp=true,jax.nn:cudnn \
+      timeout 230 bash $G "$C" mosaic-fa:256:false mosaic-fa:256:true
+    keep fa-mosaic-256-probs-before-dp ;;
+  *) echo "next_calls: no call $call (1 to 4)" >&2; exit 2 ;;
 esac

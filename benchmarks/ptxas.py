@@ -219,6 +219,19 @@ def _beside_pending(body: list[tuple[int, str, str]]) -> int:
     return sum(b - a - 1 for (a, n), (b, _) in zip(waits, waits[1:]) if n > 0)
 
 
+def _waited_loads(body: list[tuple[int, str, str]]) -> int:
+    """The shared-memory loads a step issues after its first wgmma wait and before the
+    first float instruction after it: operands the scores' first use waits on once the
+    scores are in (the lse before MosaicBwdConfig.early_lse)."""
+    waits = [i for i, (_, _, t) in enumerate(body) if _SASS_WAIT.search(t)]
+    loads = 0
+    for _, op, _ in body[waits[0] + 1 :] if waits else ():
+        if _sass_class(op) == "float":
+            break
+        loads += op == "LDS"
+    return loads
+
+
 def _wgmma_runs(body: list[tuple[int, str, str]]) -> int:
     """The runs of wgmmas a step issues with no wgmma wait between them: 2 where it awaits
     one product before issuing the next (the forward's default step: Q K^T, then P V),
@@ -262,6 +275,7 @@ def _loops(lines: list[str]) -> list[dict]:
                 mix=mix,
                 fresh_wgmmas=fresh,
                 beside_pending=_beside_pending(body),
+                waited_loads=_waited_loads(body),
                 wgmma_runs=_wgmma_runs(body),
             )
             if mix.get("local"):
@@ -281,8 +295,9 @@ def sass_loops(sass: str) -> dict[str, list[dict]]:
     accumulator (`fresh_wgmmas`: a fresh accumulator's first wgmma, where ptxas folded
     its zeros rather than moving them into its registers), the instructions it issues
     while one of its wgmma groups is still pending (`beside_pending`: from a wait that
-    leaves some in flight to the next wait), its runs of wgmmas issued with no wait
-    between them (`wgmma_runs`), and whether it is innermost
+    leaves some in flight to the next wait), the shared-memory loads issued between its
+    first wgmma wait and the first float instruction after it (`waited_loads`), its runs
+    of wgmmas issued with no wait between them (`wgmma_runs`), and whether it is innermost
     (no other loop inside it). An outer loop's count includes its inner loops'; a warp-
     specialised kernel's loops overlap (each step variant, masked or not, branches back
     to its own label and the work-item loop encloses them), so the innermost ones are its

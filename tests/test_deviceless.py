@@ -82,13 +82,18 @@ def test_a_serialized_build_is_reported(tmp_path):
     assert fused["spill_store_bytes"] > 0
 
 
-def _backward_steps(impl: str, tmp_path, field: str) -> dict[str, list]:
-    """Per backward kernel of the head-dim-64 non-causal row of `impl` (the pair's, below),
-    `field` of each of its steps (benchmarks.ptxas.sass_loops: fresh_wgmmas, ...)."""
-    (row,) = _compiled(tmp_path, impl, 64, "false", sass=True)
+def _backward_steps(impl: str, tmp_path, field: str, head_dim: int = 64) -> dict[str, list]:
+    """Per backward kernel of the non-causal row of `impl` (by default head dim 64, the
+    pair's below), `field` of each of its steps (benchmarks.ptxas.sass_loops:
+    fresh_wgmmas, ...; `field` None: the whole loop)."""
+    (row,) = _compiled(tmp_path, impl, head_dim, "false", sass=True)
     assert row["error"] is None, row["error"]
     return {
-        k["kernel"]: [lp[field] for lp in k["loops"] if lp["innermost"] and lp["mix"].get("wgmma")]
+        k["kernel"]: [
+            lp if field is None else lp[field]
+            for lp in k["loops"]
+            if lp["innermost"] and lp["mix"].get("wgmma")
+        ]
         for k in row["kernels"]
         if "_bwd_" in k["kernel"]
     }
@@ -121,6 +126,25 @@ def test_probs_before_dp_issues_work_beside_dp(tmp_path):
         assert steps and all(n == 0 for n in steps), (kernel, steps)
         assert len(early[kernel]) == len(steps), (kernel, early[kernel])
         assert all(n >= 32 for n in early[kernel]), (kernel, early[kernel])
+
+
+@pytest.mark.extended  # an option that is off: `make test-sm90-all`
+def test_early_lse_reads_the_lse_before_the_scores_wait(tmp_path):
+    """MosaicBwdConfig.early_lse at head dim 128 non-causal (the fused default): without
+    it each of the fused kernel's steps reads some of the lse from shared memory after
+    awaiting S^T, right before the first FFMA that needs it (2-4 loads a step); with it
+    none does, and each consumer's unmasked (shortest) step still touches no stack
+    (docs/mosaic.md, "Where the consumers wait")."""
+    plain = _backward_steps(M, tmp_path / "off", None, head_dim=128)
+    early = _backward_steps(f"{M}/early_lse=true", tmp_path / "on", None, head_dim=128)
+    assert set(plain) == set(early) and len(plain) == 1, plain  # the fused kernel alone
+    for kernel, steps in plain.items():
+        assert len(steps) == 6 and all(lp["waited_loads"] >= 2 for lp in steps), steps
+        assert len(early[kernel]) == 6, early[kernel]
+        assert all(lp["waited_loads"] == 0 for lp in early[kernel]), early[kernel]
+        for consumer in (early[kernel][:3], early[kernel][3:]):
+            unmasked = min(consumer, key=lambda lp: lp["instructions"])
+            assert not unmasked["mix"].get("local"), unmasked
 
 
 @pytest.mark.extended  # an option that is off: `make test-sm90-all`

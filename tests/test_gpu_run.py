@@ -224,6 +224,28 @@ def test_ptxas_step_builds_its_command(gpu_run):
     assert "--sass " in calls[-1] and calls[-1].split("--sass ")[1].split()[0].endswith("/sass")
 
 
+def test_stalls_step_builds_its_command(gpu_run):
+    """stalls-fa:HEAD_DIM:SEQ[:CAUSAL]: benchmarks.stall_sites on that fa-grid shape, ours
+    and the backward's kernels unless STALLS_* say otherwise, its files under $OUT."""
+    _, calls, out = gpu_run("stalls-fa:128:8192")
+    line = _one(calls, "-m benchmarks.stall_sites")
+    assert "--head-dim 128 --seq 8192 --causal false --impl pallas_flash:mosaic " in line
+    assert "--pass fwd+bwd --kernels pallas_flash_mosaic_bwd " in line and "--name" not in line
+    assert line.endswith(f"--out-dir {out}")
+    _, calls, _ = gpu_run(
+        "stalls-fa:64:2048:true",
+        STALLS_IMPL="pallas_flash:mosaic/early_lse=true",
+        STALLS_PASS="fwd",
+        STALLS_KERNELS="pallas_flash_mosaic_fwd",
+        STALLS_NAME="x",
+    )
+    assert (
+        "--head-dim 64 --seq 2048 --causal true --impl pallas_flash:mosaic/early_lse=true "
+        in calls[-1]
+    )
+    assert "--pass fwd --kernels pallas_flash_mosaic_fwd --name x " in calls[-1]
+
+
 def test_mosaic_tests_step_builds_its_command(gpu_run):
     """The compiled Mosaic tests: 8 workers unless MOSAIC_TESTS_WORKERS says otherwise,
     the slowest tests listed, MOSAIC_TESTS_K passed to -k."""
@@ -243,14 +265,9 @@ def _option(line: str, flag: str) -> str | None:
 @pytest.fixture
 def next_calls(tmp_path):
     """Runs benchmarks/next_calls.sh COMMIT CALL with the stand-in python3, in a copy of
-    the files it reads or changes (call 3 patches dq_adds.py: never this tree's)."""
+    the files it reads."""
     tree = tmp_path / "tree"
-    for rel in (
-        "benchmarks/gpu_run.sh",
-        "benchmarks/next_calls.sh",
-        "benchmarks/results/mosaic-3167827/hand-over.patch",
-        "pallas_flash/mosaic/dq_adds.py",
-    ):
+    for rel in ("benchmarks/gpu_run.sh", "benchmarks/next_calls.sh"):
         (tree / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / rel, tree / rel)
     (tree / ".peers" / "stub").mkdir(parents=True)
@@ -273,7 +290,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"1": 1, "2": 0, "3": 0, "4": 2, "5": 4}
+_CALL_VARIANTS = {"1": 1, "2": 0, "3": 1, "4": 1}
 
 
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
@@ -289,14 +306,17 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
 
     proc, calls, tree = next_calls(call)
     assert proc.returncode == 0, proc.stderr
-    benches = [c for c in calls if "-m benchmarks.bench" in c or "-m benchmarks.profile" in c]
+    tools = ("-m benchmarks.bench", "-m benchmarks.profile", "-m benchmarks.stall_sites")
+    benches = [c for c in calls if any(tool in c for tool in tools)]
     assert benches, calls
     variants = set()
     for line in benches:
-        head_dims = [int(h) for h in (_option(line, "--head-dims") or "128").split(",")]
+        one = "-m benchmarks.stall_sites" in line  # one shape, one implementation
+        dims = _option(line, "--head-dim" if one else "--head-dims") or "128"
+        head_dims = [int(h) for h in dims.split(",")]
         causal = {"true": [True], "false": [False]}.get(_option(line, "--causal"), [False, True])
-        seqs = [int(s) for s in (_option(line, "--seqs") or "8192").split(",")]
-        for name in _option(line, "--impls").split(","):
+        seqs = [int(s) for s in (_option(line, "--seq" if one else "--seqs") or "8192").split(",")]
+        for name in _option(line, "--impl" if one else "--impls").split(","):
             impls.lookup(name)  # KeyError for a name the harness lacks
             if not name.startswith(impls.VARIANT_BASE + "/"):
                 continue
@@ -306,16 +326,16 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
                 assert fwd.smem_bytes(padded_head_dim(h)) <= SMEM_BYTES, (name, h)
                 check_fits(bwd, padded_head_dim(h))
     assert len(variants) == _CALL_VARIANTS[call], variants
-    if call == "3":  # the patch applied to the copy, which the rest of the call ran on
-        assert "not again" in (tree / "pallas_flash/mosaic/dq_adds.py").read_text()
-        assert _one(calls, "-m pytest -m gpu", "test_gpu_is_bitwise_deterministic")
-    if call == "5":  # head dim 64 at 32k tokens (4 and 2 batch elements), then 128
-        assert len(benches) == 3 and "--head-dims 128" in benches[-1], benches
-        assert [_option(line, "--batches") for line in benches] == ["4", "2", None]
-        tests = _one(calls, "-m pytest -m gpu", "test_gpu_high_first_bytes_narrowed_band")
-        assert "test_gpu_split_tail_backward" in tests
+    stalls = [c for c in calls if "-m benchmarks.stall_sites" in c]
+    if call == "3":  # early_lse timed both ways, profiled, then compiled
+        assert len(benches) == 3 and _option(stalls[0], "--impl").endswith("/early_lse=true")
+        assert _one(calls, "-m pytest -m gpu", "test_gpu_fused_early_lse")
+    if call == "4":  # three backward profiles, two forward ones, then head dim 256 timed
+        assert [_option(c, "--pass") for c in stalls] == ["fwd+bwd"] * 3 + ["fwd"] * 2
+        assert {_option(c, "--kernels") for c in stalls[3:]} == {"pallas_flash_mosaic_fwd"}
+        assert "--head-dims 256" in benches[-1], benches
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):
-    proc, calls, _ = next_calls("6")
-    assert proc.returncode == 2 and "no call 6" in proc.stderr and not calls
+    proc, calls, _ = next_calls("5")
+    assert proc.returncode == 2 and "no call 5" in proc.stderr and not calls

@@ -406,6 +406,17 @@ def test_interpret_fused_probs_before_dp_changes_no_bit():
     _flag_changes_no_bit(case, config, "probs_before_dp", True)
 
 
+@pytest.mark.extended  # early_lse is off (not yet timed): not in CI's time
+@pytest.mark.parametrize("query_rows", [False, True], ids=["keys-rows", "query-rows"])
+def test_interpret_fused_early_lse_changes_no_bit(query_rows):
+    """`early_lse` in the fused kernel's plain order and with the queries on the rows
+    (whose lse lies along the other dimension): the same bits (FA3's order, the
+    default's, only lowers on CPU: test_gpu_fused_early_lse_changes_no_bit)."""
+    case, config = FUSED_CASES[4]  # two consumers, GQA, T != S, documents under causal
+    config = dataclasses.replace(config, query_rows=query_rows)
+    _flag_changes_no_bit(case, config, "early_lse", True)
+
+
 @pytest.mark.extended
 @pytest.mark.parametrize("variant", FUSED_VARIANTS.values(), ids=FUSED_VARIANTS.keys())
 def test_interpret_fused_finds_no_data_race(capsys, variant):
@@ -830,6 +841,18 @@ def test_gpu_fused_whole_share_changes_no_bit(case):
     of in column halves, compiled, where it is timed (padded head dim 128): the same
     bits as the halves, and the reference's tolerance."""
     _flag_changes_no_bit(case, fused_full_bwd_config(case.head_dim), "share_halves", False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "case", [c for c in GPU_CASES if padded_head_dim(c.head_dim) == 128], ids=lambda c: c.id
+)
+def test_gpu_fused_early_lse_changes_no_bit(case):
+    """early_lse compiled on the default row for the case (the fused kernel in FA3's
+    order at padded head dim 128, causal in bands): the lse read before the scores'
+    wgmma, the same gradients bit for bit, and the reference's tolerance."""
+    config = default_mosaic_bwd_config(case.head_dim, case.causal)
+    _flag_changes_no_bit(case, config, "early_lse", False)
 
 
 @pytest.mark.gpu

@@ -468,7 +468,20 @@ class MosaicBwdConfig:
       with the same instruction counts; at head dim 128 causal 31 / 41 in the unmasked steps. The
       dK/dV split's share_probs (head dims 192-256 by default) takes P^T from the other
       warpgroup and keeps its own order; there it moves the dQ kernel's wait only. Not
-      with query_rows or fa3_order (steps of their own). Off; not yet timed.
+      with query_rows or fa3_order (steps of their own). Timed in the pair at 0e8a8d2
+      (an H100): 1.00-1.07x at head dims 64 and 128, 2k and 8k; no default row at those
+      head dims takes the pair, and at 256 (the pair's) it is not yet timed. Off.
+    early_lse: the dK/dV (or fused) kernel reads each step's lse from shared memory
+      before it issues the step's scores wgmma, where it read it after awaiting S^T
+      (ptxas keeps such loads behind the wgmma wait, so the first exp2 argument waited
+      on them: in the fused default's Nsight Compute source profile at head dim 128
+      non-causal 8k, an H100, 11 % of a consumer's step samples sat on those FFMAs'
+      short-scoreboard stalls, docs/mosaic.md, "Where the consumers wait"). The same
+      values: the same bits. Costs 16 registers held across the issue: compiled for the
+      H200 without a GPU, the head-dim-128 non-causal fused step issues the 8 loads
+      among the S^T wgmmas, 517 instructions against 509, no stack access in its
+      unmasked steps; at head dim 64 and at 128 causal it spills into them. Off; not
+      yet timed.
     """
 
     block_q_dkv: int = 64
@@ -507,6 +520,7 @@ class MosaicBwdConfig:
     split_tail: bool = False
     held_zero: bool = True
     probs_before_dp: bool = False
+    early_lse: bool = False
 
     def __post_init__(self):
         for name in ("block_q_dkv", "block_kv_dkv", "block_q_dq", "block_kv_dq"):
@@ -927,12 +941,16 @@ QUERY_SIDE_BYTES = 2 + 2 + 4
 # (fa-mosaic-bwd-no-turns.jsonl): its turns cost little, the plain order's queue of
 # turns about 9 %. At padded head dim 128 causal it ran 0.93x / 0.85x the plain order
 # at 8k / 16k, 0.79x / 0.86x with the waits out of both: its walk loses there, so that
-# row keeps the plain order. Compiled at 78baa53, on the case table's 14 causal rows the
+# row keeps the plain order; in bands of 2 and of 1 head (within the L2's bound) it still
+# ran 0.964x / 0.968x and 0.973x / 0.960x (0e8a8d2, fa-mosaic-128-true-high-spans-first-
+# bands.jsonl). Compiled at 78baa53, on the case table's 14 causal rows the
 # reference and two calls the same bits (mosaic-tests.log). Deterministic in its own
 # order (decreasing key span), not the plain order's bits. Where a call's band of 4 heads
 # holds more query-side tiles than high_first_bytes (past the grid's 16k tokens of 32
 # heads: a larger batch, or grouped heads) it launches in narrower bands that fit, and in
-# the plain order where one head does not (`launched`).
+# the plain order where one head does not (`launched`): at 32k tokens, in bands of 2, it
+# ran 1.009x / 1.033x the plain order at 8k / 16k (0e8a8d2,
+# fa-mosaic-64-true-high-first-32k-{8192,16384}.jsonl).
 # padded head dims whose causal fused row takes high_spans_first:
 BWD_HIGH_SPANS_FIRST_DIMS = frozenset({64})
 

@@ -284,12 +284,25 @@ def dkdv_kernel(
         shape = (bk, bq)  # S^T and its kin: keys on the rows, queries on the columns
         zero = held_zero(config.held_zero)  # fresh accumulators' zeros
 
-        def probs(s_t, i, slot, masked: bool, query_dim: int = 1):
+        def step_lse(slot, query_dim: int = 1):
+            """The step's lse (base 2, +inf where a query row is empty), one value per
+            query: [bq], laid along the tile's query dimension."""
+            return plgpu.load(lse_smem.at[slot], layout=COL if query_dim == 1 else ROW)
+
+        def early_lse(slot, query_dim: int = 1):
+            """The step's lse read before its scores' wgmma is issued (`config.early_lse`),
+            so that the read's latency runs beside the wgmma; else None (`probs` reads
+            it, after the scores are awaited)."""
+            return step_lse(slot, query_dim) if config.early_lse else None
+
+        def probs(s_t, i, slot, masked: bool, query_dim: int = 1, lse2=None):
             """P^T [bk, bq] (float32) of the step's scores S^T, masked where the tile needs
-            it; with `query_dim` 0, P [bq, bk] of S (`query_rows`)."""
+            it; with `query_dim` 0, P [bq, bk] of S (`query_rows`). `lse2`: the step's
+            lse if already read (early_lse)."""
             layout = COL if query_dim == 1 else ROW  # one value per query
             tile_shape, key_dim = s_t.shape, 1 - query_dim
-            lse2 = plgpu.load(lse_smem.at[slot], layout=layout)  # [bq], base 2, +inf if empty
+            if lse2 is None:
+                lse2 = step_lse(slot, query_dim)
             p_t = jnp.exp2(s_t * c - bcast(lse2, tile_shape, query_dim))
             if not masked:  # the structural masks cut this tile (full tiles skip this work)
                 return p_t
@@ -317,11 +330,13 @@ def dkdv_kernel(
             need."""
 
             def scores(s_ref, dp_ref):
+                lse2 = early_lse(slot)
                 start_from(zero, s_ref, dp_ref)
                 plgpu.wgmma(s_ref, k_tile, q_tile.transpose((1, 0)))  # s^T = k @ q.T
                 plgpu.wgmma(dp_ref, v_tile, do_tile.transpose((1, 0)))  # dp^T = v @ do.T
                 # wgmma groups complete in order: S^T is in, dP^T runs beside the exp2.
-                p_t = probs(plgpu.wgmma_accumulator_load(s_ref, wait_n=1), i, slot, masked)
+                s_t = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
+                p_t = probs(s_t, i, slot, masked, lse2=lse2)
                 return p_t.astype(dtype), dscores(p_t, dp_ref[...], slot)
 
             p_t, ds_t = pl.run_scoped(scores, *(plgpu.ACC(shape, jnp.float32),) * 2)
@@ -401,9 +416,10 @@ def dkdv_kernel(
             # [bq, bk]: this step's P, then its dS. Indexed where it is used: a ref
             # indexed outside pl.run_state and closed over fails to lower there.
             tile = lambda: fused_scratch["ds"].at[w + z]  # noqa: E731
+            lse2 = early_lse(slot, query_dim=0)
             s_, dp = wgmma_products([(q_tile, k_tile.transpose((1, 0))),
                                 (do_tile, v_tile.transpose((1, 0)))], rshape)  # fmt: skip
-            p = probs(s_, i, slot, masked, query_dim=0)
+            p = probs(s_, i, slot, masked, query_dim=0, lse2=lse2)
 
             # The tile is free once every consumer's share of the last step has read it.
             @pl.when(step > 0)
@@ -443,10 +459,11 @@ def dkdv_kernel(
             (the same values it would have recomputed) for dS^T and dK."""
             tile, ready, free_ = (probs_scratch[x] for x in ("tile", "ready", "free"))
             if does_dv:
+                lse2 = early_lse(slot)
                 (s_t,) = wgmma_products(
                     [(k_tile, q_tile.transpose((1, 0)))], shape
                 )  # s^T = k @ q.T
-                p_t = probs(s_t, i, slot, masked)
+                p_t = probs(s_t, i, slot, masked, lse2=lse2)
 
                 @pl.when(step > 0)  # the dK warpgroup has read the last step's P^T
                 def _():
@@ -503,7 +520,8 @@ def dkdv_kernel(
             pairs = [(k_a, q_tile.transpose((1, 0)))]  # s^T = k @ q.T: [bk, bq]
             if does_dk:
                 pairs.append((v_a, do_tile.transpose((1, 0))))  # dp^T = v @ do.T: [bk, bq]
-            probs_of = functools.partial(probs, i=i, slot=slot, masked=masked)
+            lse2 = early_lse(slot)  # before the scores' wgmma is issued
+            probs_of = functools.partial(probs, i=i, slot=slot, masked=masked, lse2=lse2)
             early = config.probs_before_dp and does_dk  # the exp2 beside dP^T
             products = wgmma_products(pairs, shape, zero=zero, first=probs_of if early else None)
             p_t = products[0] if early else probs_of(products[0])
