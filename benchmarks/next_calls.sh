@@ -57,9 +57,10 @@ case $call in
   4) # where the other defaults' warps wait (benchmarks.stall_sites, about 30 s each): the
     # backward at head dim 64 non-causal and causal 8k and at 128 causal 16k (0.98x cuDNN
     # there on an H100, 0e8a8d2), the forward at head dim 64 causal 2k (its weakest cell
-    # against the best peer) and 64 non-causal 8k; then probs_before_dp at head dim 256,
-    # the one row that takes the pair (its dQ kernel's wait moves: 1.00-1.07x in the pair
-    # at head dims 64 and 128, 0e8a8d2), beside the default and cuDNN.
+    # against the best peer) and 64 non-causal 8k; then at head dim 256, the one row that
+    # takes the pair, probs_before_dp (its dQ kernel's wait moves: 1.00-1.07x in the pair
+    # at head dims 64 and 128, 0e8a8d2) and early_lse (the dV warpgroup's lse read early:
+    # no spill non-causal, compiled here), beside the default and cuDNN at 4k and 16k.
     for spec in 64:8192:false 64:8192:true 128:16384:true; do
       STALLS_NAME=stalls-bwd-${spec//:/-} bash $G "$C" stalls-fa:$spec
     done
@@ -67,8 +68,9 @@ case $call in
       STALLS_PASS=fwd STALLS_KERNELS=pallas_flash_mosaic_fwd STALLS_NAME=stalls-fwd-${spec//:/-} \
         bash $G "$C" stalls-fa:$spec
     done
-    FA_PASSES=bwd FA_SEQS=2048,8192,16384 MOSAIC_FA_IMPLS=$M,$M/probs_before_dp=true,jax.nn:cudnn \
-      timeout 230 bash $G "$C" mosaic-fa:256:false mosaic-fa:256:true
-    keep fa-mosaic-256-probs-before-dp ;;
+    FA_PASSES=bwd FA_SEQS=4096,16384 \
+      MOSAIC_FA_IMPLS=$M,$M/probs_before_dp=true,$M/early_lse=true,jax.nn:cudnn \
+      timeout 260 bash $G "$C" mosaic-fa:256:false mosaic-fa:256:true
+    keep fa-mosaic-256-bwd-options ;;
   *) echo "next_calls: no call $call (1 to 4)" >&2; exit 2 ;;
 esac
