@@ -34,6 +34,14 @@ lra_flags() {
     flags+=("--${kv%%=*}" "${kv#*=}"); name+="-${kv%%=*}${kv#*=}"
   done
 }
+# fa_shape SPEC: HEAD_DIMS:SEQS[:CAUSAL] (a profile step's shape) into hd, seqs and causal
+# (empty where SPEC names none).
+fa_shape() {
+  hd=${1%%:*}; local rest=${1#*:}; seqs=${rest%%:*}
+  causal=; [ "$rest" != "$seqs" ] && causal=${rest#*:}
+  return 0
+}
+
 # prepare_once TASK LOG: the task's data, unless this machine has it already (a warm
 # machine keeps data/ between calls; two background steps must not write it at once, so a
 # `prepare:TASK` step before them makes it for both). GPU_RUN_DATA: where models.data
@@ -158,8 +166,7 @@ for step in "$@"; do
     # their metrics too, e.g. SpeedOfLight,ComputeWorkloadAnalysis,WarpStateStats;
     # PROFILE_KERNELS (a regular expression) profiles only the kernels it matches;
     # PROFILE_DETAILS=1 keeps the sections' bodies too (stall reasons, pipe utilisation).
-    profile-fa:*) spec=${step#profile-fa:}; hd=${spec%%:*}; spec=${spec#*:}; seqs=${spec%%:*}
-             causal=; [ "$spec" != "$seqs" ] && causal=${spec#*:}
+    profile-fa:*) fa_shape "${step#profile-fa:}"
              timeout 400 python3 -m benchmarks.profile --suite fa --head-dims "$hd" --seqs "$seqs" \
                ${causal:+--causal "$causal"} --impls "${PROFILE_IMPLS:-pallas_flash:mosaic,jax.nn:cudnn}" \
                --pass "${PROFILE_PASS:-fwd+bwd}" --sections "${PROFILE_SECTIONS:-}" \
@@ -171,10 +178,9 @@ for step in "$@"; do
     # (fwd+bwd, or fwd) and STALLS_KERNELS (a regular expression; default the Mosaic
     # backward's kernels, pallas_flash_mosaic_fwd the forward's); STALLS_NAME names the
     # files: the exported source page (NAME-sass.csv.gz) and its summary (NAME-summary.json).
-    stalls-fa:*) spec=${step#stalls-fa:}; hd=${spec%%:*}; spec=${spec#*:}; seq=${spec%%:*}
-             causal=false; [ "$spec" != "$seq" ] && causal=${spec#*:}
-             timeout 200 python3 -m benchmarks.stall_sites --head-dim "$hd" --seq "$seq" \
-               --causal "$causal" --impl "${STALLS_IMPL:-pallas_flash:mosaic}" \
+    stalls-fa:*) fa_shape "${step#stalls-fa:}"
+             timeout 200 python3 -m benchmarks.stall_sites --head-dim "$hd" --seq "$seqs" \
+               --causal "${causal:-false}" --impl "${STALLS_IMPL:-pallas_flash:mosaic}" \
                --pass "${STALLS_PASS:-fwd+bwd}" --kernels "${STALLS_KERNELS:-pallas_flash_mosaic_bwd}" \
                ${STALLS_NAME:+--name "$STALLS_NAME"} --out-dir "$OUT" ;;
     fa:*) timeout 590 python3 -m benchmarks.bench --suite fa --commit "$commit" \

@@ -113,14 +113,22 @@ def run_under_ncu(
     JAX's preallocated pool (about 100 GiB on the H200) is the likely reason profiles
     with several sections outlasted their timeouts (the pair's at 2b60086, the fused
     kernel's at c1517e4; not yet measured without it). Past `timeout` the whole
-    process group is killed, the profiled child with ncu: a child left running holds
-    the GPU, and every later profile in the call then fails to find it."""
+    process group is killed, the profiled child with ncu (run_ncu)."""
+    cmd = ncu_command(ncu, metrics, sections, kernels, details) + child_args
+    return run_ncu(cmd, timeout)
+
+
+def run_ncu(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """Runs an Nsight Compute command line whose child is a JAX program, in the child
+    environment run_under_ncu describes (XLA's autotuner off, no preallocated pool).
+    Past `timeout` the whole process group is killed, the profiled child with ncu: a
+    child left running holds the GPU, and every later profile in the call then fails to
+    find it."""
     env = dict(
         os.environ,
         XLA_FLAGS="--xla_gpu_autotune_level=0",
         XLA_PYTHON_CLIENT_PREALLOCATE="false",
     )
-    cmd = ncu_command(ncu, metrics, sections, kernels, details) + child_args
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         start_new_session=True,

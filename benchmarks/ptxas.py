@@ -280,11 +280,16 @@ def _loops(lines: list[str]) -> list[dict]:
             )
             if mix.get("local"):
                 loops[(start, end)]["local_traffic"] = _local_traffic(body)
-    for (start, end), loop in loops.items():  # no other loop lies inside it: a step's body
-        loop["innermost"] = not any(
-            start <= a and b <= end and (a, b) != (start, end) for a, b in loops
-        )
+    for span, loop in loops.items():
+        loop["innermost"] = innermost(span, loops)
     return [loops[k] for k in sorted(loops)]
+
+
+def innermost(span: tuple[int, int], spans) -> bool:
+    """Whether no other loop of `spans` ((first, last) addresses) lies inside `span`: in a
+    warp-specialised kernel, a step's body (sass_loops)."""
+    start, end = span
+    return not any(start <= a and b <= end and (a, b) != span for a, b in spans)
 
 
 def sass_loops(sass: str) -> dict[str, list[dict]]:

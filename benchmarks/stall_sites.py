@@ -34,7 +34,8 @@ import re
 import subprocess
 import sys
 
-from benchmarks.ptxas import SASS_MIN_LOOP
+from benchmarks.hbm import run_ncu
+from benchmarks.ptxas import SASS_MIN_LOOP, innermost
 
 _BRANCH = re.compile(r"\bBRA(?:\.\S+)?\s+(?:\S+,\s*)?0x([0-9a-f]+)")
 _GUARD = re.compile(r"^@!?U?P\w+\s+")
@@ -96,15 +97,11 @@ def steps(code: list[dict]) -> list[tuple[int, int]]:
             start, end = int(m.group(1), 16), ins["address"]
             if sum(start <= x["address"] <= end for x in code) >= SASS_MIN_LOOP:
                 loops.add((start, end))
-    inner = [
-        (a, b)
-        for a, b in loops
-        if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in loops)
-    ]
     with_wgmma = [
         (a, b)
-        for a, b in inner
-        if any(a <= x["address"] <= b and x["opcode"] == "HGMMA" for x in code)
+        for a, b in loops
+        if innermost((a, b), loops)
+        and any(a <= x["address"] <= b and x["opcode"] == "HGMMA" for x in code)
     ]
     return sorted(with_wgmma)
 
@@ -209,9 +206,7 @@ def profile(args) -> int:
     child = ["benchmarks.profile", "--suite", "fa", "--pass", args.pass_]
     child += ["--child", "fa", str(index), args.impl]
     record, export = ncu_commands(args.ncu, report, args.kernels, child)
-    env = dict(os.environ, XLA_FLAGS="--xla_gpu_autotune_level=0")
-    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # as hbm.run_under_ncu, and why
-    proc = subprocess.run(record, capture_output=True, text=True, env=env, timeout=args.timeout)
+    proc = run_ncu(record, args.timeout)  # the profiled child killed with ncu past it
     print(proc.stdout[-1500:], proc.stderr[-1500:], sep="\n")
     if proc.returncode:
         return proc.returncode

@@ -224,6 +224,16 @@ def test_ptxas_step_builds_its_command(gpu_run):
     assert "--sass " in calls[-1] and calls[-1].split("--sass ")[1].split()[0].endswith("/sass")
 
 
+def test_profile_fa_step_takes_its_shape(gpu_run):
+    """profile-fa:HEAD_DIMS:SEQS[:CAUSAL]: benchmarks.profile on those fa-grid shapes,
+    both causal flags unless one is named."""
+    _, calls, _ = gpu_run("profile-fa:64,128:8192")
+    line = _one(calls, "-m benchmarks.profile")
+    assert "--head-dims 64,128 --seqs 8192 --impls" in line and "--causal" not in line
+    _, calls, _ = gpu_run("profile-fa:128:2048,8192:true")
+    assert "--head-dims 128 --seqs 2048,8192 --causal true --impls" in calls[-1]
+
+
 def test_stalls_step_builds_its_command(gpu_run):
     """stalls-fa:HEAD_DIM:SEQ[:CAUSAL]: benchmarks.stall_sites on that fa-grid shape, ours
     and the backward's kernels unless STALLS_* say otherwise, its files under $OUT."""
