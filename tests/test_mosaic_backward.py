@@ -527,6 +527,17 @@ def test_gpu_probs_before_dp_changes_no_bit(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(
+    "case", [c for c in GPU_CASES if padded_head_dim(c.head_dim) > 128], ids=lambda c: c.id
+)
+def test_gpu_early_lse_changes_no_bit(case):
+    """early_lse compiled on the pair's row above head dim 128 (the dK/dV split with P^T
+    handed over, one dQ warpgroup): the lse read before the scores' wgmma, the same
+    gradients bit for bit, and the reference's tolerance."""
+    _flag_changes_no_bit(case, pair_mosaic_bwd_config(case.head_dim), "early_lse", False)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
 def test_gpu_share_probs_changes_no_bit(case):
     """share_probs compiled: the dK/dV split with P^T handed over gives the split's bits
