@@ -480,8 +480,10 @@ class MosaicBwdConfig:
       values: the same bits. Costs 16 registers held across the issue: compiled for the
       H200 without a GPU, the head-dim-128 non-causal fused step issues the 8 loads
       among the S^T wgmmas, 517 instructions against 509, no stack access in its
-      unmasked steps; at head dim 64 and at 128 causal it spills into them. Off; not
-      yet timed.
+      unmasked steps; at head dim 64 and at 128 causal it spills into them. Timed on
+      the H200 at 74e1a14: 1.034-1.060x the row without it at head dim 256 (the pair's
+      dV warpgroup), 4k and 16k, causal and not, where it is in the default since
+      (BWD_EARLY_LSE_DIMS); at head dim 128 (the fused default) 0.995-1.025x, off.
     """
 
     block_q_dkv: int = 64
@@ -783,6 +785,21 @@ BWD_Q_DO_IN_REGISTERS = True
 BWD_SOLO_DQ_REGISTERS = True
 
 
+# The lse read before the scores' wgmma (MosaicBwdConfig.early_lse) in the pair's row at
+# padded head dim 256, since the 53rd session. There the dV warpgroup of the dK/dV split
+# reads it, and ptxas keeps the read behind the S^T wait without it. Timed on the H200 at
+# 74e1a14 beside the default and cuDNN in one process per causal setting
+# (results/mosaic-74e1a14/fa-mosaic-256-bwd-options.jsonl; bf16, B x T = 16k), backward
+# TFLOP/s: non-causal 4k / 16k 409.9 / 429.3 against 388.8 / 405.1 (1.054x / 1.060x),
+# causal 385.0 / 422.6 against 372.5 / 407.4 (1.034x / 1.037x); cuDNN 351.9 / 350.6 and
+# 325.7 / 369.5. Compiled, the same bits as without on the case table's 5 head-dim-256
+# rows (results/mosaic-0217d7a/mosaic-tests-early-lse-256.log). Head dim 192, the same
+# kernels with narrower tiles, is not timed with it, so it keeps the read after the wait.
+# At head dim 128 (the fused default) it ran 1.025x / 0.995x / 1.011x at 2k / 8k / 16k
+# non-causal and 0.995x causal 8k (fa-mosaic-128-*-early-lse.jsonl there): not a lead.
+BWD_EARLY_LSE_DIMS = (256,)
+
+
 # Keys per K/V tile of the dQ kernel at head dim 64 (block_kv_dq). The backward sweep at
 # 536c0ce (results/mosaic-536c0ce/sweep-mosaic-64-bwd-440.jsonl; B=2, T=S=8k, bf16)
 # ranked 128-key tiles first: 375.7 / 365.0 TFLOP/s non-causal / causal against the
@@ -1005,11 +1022,13 @@ def pair_mosaic_bwd_config(head_dim: int) -> MosaicBwdConfig:
     # backward 1.14-1.17x at head dim 256, 4k and 16k, causal and not (module docstring);
     # compiled, the same bits as the split on the case table's head-dim-256 and -64 rows
     # (13 of 13, results/mosaic-e928813/mosaic-tests-share-probs.log).
-    # And the one dQ warpgroup takes all its registers: BWD_SOLO_DQ_REGISTERS above.
+    # And the one dQ warpgroup takes all its registers: BWD_SOLO_DQ_REGISTERS above; at
+    # 256 the lse is read before the scores' wgmma: BWD_EARLY_LSE_DIMS above.
     return MosaicBwdConfig(
         split_dkv=True,
         share_probs=True,
         consumers_dq=1,
         row_bound_mask=BWD_ROW_BOUND,
         solo_dq_registers=BWD_SOLO_DQ_REGISTERS,
+        early_lse=hp in BWD_EARLY_LSE_DIMS,
     )
