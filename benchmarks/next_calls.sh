@@ -40,7 +40,7 @@ case $call in
       timeout 250 bash $G "$C" mosaic-fa:256:false mosaic-fa:256:true
     keep fa-mosaic-256-bwd-early-lse
     MOSAIC_TESTS_WORKERS=8 MOSAIC_TESTS_TIMEOUT=150 \
-      MOSAIC_TESTS_K="(test_gpu_matches_reference and h256) or (test_gpu_is_bitwise_deterministic and 256)" \
+      MOSAIC_TESTS_K="test_mosaic_backward and ((test_gpu_matches_reference and h256) or (test_gpu_is_bitwise_deterministic and 256))" \
       bash $G "$C" mosaic-tests
     STALLS_PASS=fwd STALLS_KERNELS=pallas_flash_mosaic_fwd STALLS_NAME=stalls-fwd-64-1024-true \
       bash $G "$C" stalls-fa:64:1024:true

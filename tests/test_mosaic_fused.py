@@ -406,7 +406,7 @@ def test_interpret_fused_probs_before_dp_changes_no_bit():
     _flag_changes_no_bit(case, config, "probs_before_dp", True)
 
 
-@pytest.mark.extended  # early_lse is off (not yet timed): not in CI's time
+@pytest.mark.extended  # early_lse is off in the fused rows (timed level at 128): not in CI's time
 @pytest.mark.parametrize("query_rows", [False, True], ids=["keys-rows", "query-rows"])
 def test_interpret_fused_early_lse_changes_no_bit(query_rows):
     """`early_lse` in the fused kernel's plain order and with the queries on the rows
