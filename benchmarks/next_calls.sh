@@ -21,13 +21,14 @@ case $call in
   1) # (H) the head-dim-64 forward beside the three peers at 2k and 8k, causal and not, on
     # the H200: those four table cells predate the rows' row sums on the tensor cores
     # (non-causal) and column blocks (causal). Then the weakest cell, head dim 64 causal
-    # 1k (0.90x cuDNN at 74e1a14), beside four variants of its row: 64-key tiles, the
-    # persistent grid, the row sums on the tensor cores and three stages.
+    # 1k (0.90x cuDNN at 74e1a14), beside five variants of its row: 64-key tiles, the
+    # persistent grid alone and with early Q loads (a CTA there walks 1-8 key tiles, so
+    # its fixed costs weigh most), the row sums on the tensor cores and three stages.
     FA_PASSES=fwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M,$PEERS timeout 200 \
       bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true
     keep fa-mosaic-64-fwd-2k-8k
     FA_PASSES=fwd FA_SEQS=1024 \
-      MOSAIC_FA_IMPLS=$M,$M/block_kv=64,$M/persistent=true,$M/row_sum_wgmma=true,$M/num_stages=3,$PEERS \
+      MOSAIC_FA_IMPLS=$M,$M/block_kv=64,$M/persistent=true,$M/persistent=true/early_q_load=true,$M/row_sum_wgmma=true,$M/num_stages=3,$PEERS \
       timeout 150 bash $G "$C" mosaic-fa:64:true
     keep fa-mosaic-64-true-1k-variants ;;
   2) # head dim 256's backward with the lse read early (its default since the 53rd

@@ -793,7 +793,10 @@ BWD_SOLO_DQ_REGISTERS = True
 # TFLOP/s: non-causal 4k / 16k 409.9 / 429.3 against 388.8 / 405.1 (1.054x / 1.060x),
 # causal 385.0 / 422.6 against 372.5 / 407.4 (1.034x / 1.037x); cuDNN 351.9 / 350.6 and
 # 325.7 / 369.5. Compiled, the same bits as without on the case table's 5 head-dim-256
-# rows (results/mosaic-0217d7a/mosaic-tests-early-lse-256.log). Head dim 192, the same
+# rows (results/mosaic-0217d7a/mosaic-tests-early-lse-256.log). Compiled for the H200
+# without a GPU (benchmarks.ptxas --deviceless, 8k): the dK/dV kernel's steps issue 6-13
+# more instructions, with no spill non-causal (as without) and 20 / 72 bytes causal,
+# none of them in a step (none without). Head dim 192, the same
 # kernels with narrower tiles, is not timed with it, so it keeps the read after the wait.
 # At head dim 128 (the fused default) it ran 1.025x / 0.995x / 1.011x at 2k / 8k / 16k
 # non-causal and 0.995x causal 8k (fa-mosaic-128-*-early-lse.jsonl there): not a lead.
