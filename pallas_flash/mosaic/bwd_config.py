@@ -796,8 +796,8 @@ BWD_SOLO_DQ_REGISTERS = True
 # rows (results/mosaic-0217d7a/mosaic-tests-early-lse-256.log). Compiled for the H200
 # without a GPU (benchmarks.ptxas --deviceless, 8k): the dK/dV kernel's steps issue 6-13
 # more instructions, with no spill non-causal (as without) and 20 / 72 bytes causal,
-# none of them in a step (none without). Head dim 192, the same
-# kernels with narrower tiles, is not timed with it, so it keeps the read after the wait.
+# none of them in a step (none without). Head dim 192 takes the same kernels but was not
+# timed with it, so it keeps the read after the wait.
 # At head dim 128 (the fused default) it ran 1.025x / 0.995x / 1.011x at 2k / 8k / 16k
 # non-causal and 0.995x causal 8k (fa-mosaic-128-*-early-lse.jsonl there): not a lead.
 BWD_EARLY_LSE_DIMS = (256,)
