@@ -217,10 +217,12 @@ def profile(args) -> int:
     os.remove(f"{report}.ncu-rep")  # megabytes; the CSV holds what is read here
     with gzip.open(f"{report}-sass.csv.gz", "wt") as f:
         f.write(exported.stdout)
-    for kernel, code in read_source(exported.stdout).items():
-        summary = summarize(code)
-        print_summary(kernel, summary)
-        with open(f"{report}-summary.json", "a") as f:
+    # One line a kernel, the file written anew as the export is (a rerun of the same name
+    # replaces both).
+    with open(f"{report}-summary.json", "w") as f:
+        for kernel, code in read_source(exported.stdout).items():
+            summary = summarize(code)
+            print_summary(kernel, summary)
             f.write(json.dumps(dict(name=name, impl=args.impl, kernel=kernel, **summary)) + "\n")
     return 0
 

@@ -5,6 +5,7 @@ header as the H100 exported it at 0e8a8d2, fewer columns), and on one of those e
 from __future__ import annotations
 
 import gzip
+import json
 import pathlib
 
 import pytest
@@ -110,3 +111,27 @@ def test_the_profile_commands_and_the_shape():
     assert stall_sites.fa_index(128, 8192, False) == 4
     with pytest.raises(ValueError, match="no shape at head dim 96"):
         stall_sites.fa_index(96, 8192, False)
+
+
+def test_a_profile_writes_its_export_and_one_summary_line_a_kernel(tmp_path, capsys):
+    """profile() with a stand-in ncu (the record writes the report, the export prints two
+    kernels' source page): the gzipped export, the report removed, and one summary line a
+    kernel; run again under the same name, the files are replaced, not added to."""
+    page = tmp_path / "page.csv"
+    page.write_text("\n".join(_kernel("k_a", 0x1000) + _kernel("k_b", 0x2000)) + "\n")
+    ncu = tmp_path / "ncu"
+    ncu.write_text(
+        "#!/bin/sh\n"
+        'if [ "$2" = "-i" ] || [ "$1" = "-i" ]; then cat "' + str(page) + '"; exit 0; fi\n'
+        'while [ "$1" != "-o" ]; do shift; done; touch "$2.ncu-rep"\n'
+    )
+    ncu.chmod(0o755)
+    argv = ["--head-dim", "128", "--seq", "8192", "--name", "x", "--out-dir", str(tmp_path)]
+    for _ in range(2):
+        assert stall_sites.main([*argv, "--ncu", str(ncu)]) == 0
+    assert not (tmp_path / "x.ncu-rep").exists()
+    with gzip.open(tmp_path / "x-sass.csv.gz", "rt") as f:
+        assert f.read() == page.read_text()
+    lines = (tmp_path / "x-summary.json").read_text().splitlines()
+    assert [json.loads(line)["kernel"] for line in lines] == ["k_a", "k_b"]
+    assert "k_a: " in capsys.readouterr().out
