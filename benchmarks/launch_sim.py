@@ -61,7 +61,8 @@ def causal_key_tiles(first_row: int, rows: int, block_kv: int, s: int, causal: b
 def forward_costs(config, t: int, b: int, n: int, causal: bool, cta_steps: float):
     """The forward's CTAs' costs in launch order, or, persistent, each CTA's summed items
     (`fwd_kernel.item_at`: causal items bottom query tiles first, tile-major when
-    persistent; else one (batch, head)'s tiles together)."""
+    persistent, or with head_rounds in head order, each round's longest first; else one
+    (batch, head)'s tiles together)."""
     if config.kv_multicast:
         raise ValueError("kv_multicast's clusters are not modelled")
     rows = config.consumers * config.block_q
@@ -74,13 +75,18 @@ def forward_costs(config, t: int, b: int, n: int, causal: bool, cta_steps: float
     ctas = min(items, H100_SMS)
     key_tiles = _ceil(t, config.block_kv)
     tail = split_tail.plan(items, ctas, key_tiles) if config.split_tail else None
+    # head_rounds (causal): the items' table, each entry a pair's tile from the bottom.
+    order = pipeline.head_rounds_order(n * b, tiles, ctas) if config.head_rounds else None
     per_cta = [0.0] * ctas
     for cta in range(ctas):
         i = 0
         while (w := int(pipeline.persistent_item(cta, i, ctas, snake=causal))) < items:
             if tail is not None and i == tail.rounds:
                 break  # split_tail: the last round goes in pieces (below)
-            q = split_tail.item_coords(w, n, b, tiles, causal)[2]  # fwd_kernel's item_at
+            if causal and order is not None:
+                q = tiles - 1 - int(order[w]) % tiles
+            else:
+                q = split_tail.item_coords(w, n, b, tiles, causal)[2]  # fwd_kernel's item_at
             per_cta[cta] += cost(q) + cta_steps
             i += 1
         for item, lo, hi, valid in tail.pieces[cta] if tail is not None else ():

@@ -455,3 +455,21 @@ def test_split_tail_even_pieces_cover_the_last_wave(items, sms, tiles):
 def test_split_tail_even_pieces_only_where_they_gain():
     assert split_tail.even_pieces(264, 132, 64) is None  # whole waves
     assert split_tail.even_pieces(133, 132, 1) is None  # a CTA of one tile: no pieces
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case(2, 300, 300, 2, 1, 64, BF16, causal=True, kv_lens=(300, 170)),
+        INTERPRET_CASES[4],  # ragged query and key lengths
+    ],
+    ids=lambda c: c.id,
+)
+def test_interpret_head_rounds_changes_no_bit(case):
+    """head_rounds hands the persistent causal grid's items out in head order (12 and 8
+    items on the 3 interpret CTAs, each round's longest first): another order of the same
+    items, so the reference passes and the tile-major grid's bits come back."""
+    config = dataclasses.replace(SMALL, persistent=True)
+    changed = dataclasses.replace(config, head_rounds=True)
+    _changed_no_bit(case, config, changed, interpret=True, seed=5)

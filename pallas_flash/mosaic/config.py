@@ -324,6 +324,20 @@ class MosaicConfig:
       64 and 128 (docs/mosaic.md, "The forward's last round split by keys"). On in
       the head-dim-64 non-causal rows (SPLIT_TAIL_64: 1.006-1.037x at 1k-16k on an
       H100); off at 128 (0.963x at 2k).
+    head_rounds: persistent and causal, the items in head order (a (batch, head)'s
+      query tiles together, its bottom tile first) rather than tile-major (every (batch,
+      head)'s bottom tile, then every next one), each round's items sorted longest first
+      so that the rounds' alternating hand-out (`pipeline.persistent_item`) still evens
+      the CTAs' work out (pipeline.head_rounds_order). Tile-major, the SMs together walk
+      the key tiles of 132 different heads, and a head's next query tile comes back to
+      them only once every head has had its turn: at head dim 64 causal 1k (16 x 32
+      heads of 256 KiB of K and V) that is 128 MiB between a head's reads against 50 MiB
+      of L2, so each item reads its K and V from HBM, about 4.5x the bytes of the grid of
+      one CTA per item, whose launch order (heads fastest, then query tiles, then batch)
+      keeps about 8 MiB of K and V in use. In head order a round's 132 items take about
+      16 heads' K and V. The items' work is the same, in another order: the same bits.
+      Without a causal mask the persistent order is head order already, and this changes
+      nothing. Not with split_tail (whose pieces assume the plain orders).
     early_q_load: persistent, each consumer loads its next item's Q as soon as this
       item's last Q K^T has been read (the tile loop's last step) rather than in the
       epilogue, so that the load's latency hides behind that step's softmax and P V
@@ -436,6 +450,7 @@ class MosaicConfig:
     o_from_registers: bool = False
     early_q_load: bool = False
     split_tail: bool = False
+    head_rounds: bool = False
     poly_exp2_cols: int = 0
     rescale_slack: float | None = None
     row_sum_wgmma: bool = False
@@ -515,6 +530,11 @@ class MosaicConfig:
         if self.early_q_load and not self.persistent:
             raise ValueError(
                 "early_q_load loads a persistent CTA's next Q early: it needs persistent"
+            )
+        if self.head_rounds and (not self.persistent or self.split_tail):
+            raise ValueError(
+                "head_rounds orders a persistent grid's items: it needs persistent, and not "
+                "split_tail (whose pieces are cut from the plain orders)"
             )
         if self.split_tail and not self.persistent:
             raise ValueError(

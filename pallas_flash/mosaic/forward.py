@@ -70,6 +70,7 @@ from pallas_flash.mosaic.config import (
 )
 from pallas_flash.mosaic.fwd_kernel import fwd_kernel
 from pallas_flash.mosaic.pipeline import (
+    head_rounds_order,
     kv_tile_ranges,
     pad_to,
     pair_cluster,
@@ -227,6 +228,11 @@ def forward(
     tail = None
     if config.split_tail:  # persistent (MosaicConfig checks it); None when rounds are whole
         tail = split_tail.plan(num_items, num_ctas, s_pad // config.block_kv)
+    # head_rounds: which item each CTA walks when, from a table (causal; without the mask
+    # the persistent order is head order already).
+    order_inputs = ()
+    if config.persistent and config.head_rounds and spec.causal:
+        order_inputs = (jnp.asarray(head_rounds_order(B * N, num_q_tiles, num_ctas)),)
     tail_inputs, tail_outputs = (), ()
     if tail is not None:
         tail_inputs = (jnp.asarray(tail.pieces),)
@@ -247,6 +253,7 @@ def forward(
         num_ctas=num_ctas,
         compiled=interpret is False,
         tail_rounds=None if tail is None else tail.rounds,
+        head_rounds=bool(order_inputs),
     )
     o, lse, *pieces = plgpu.kernel(
         kernel,
@@ -264,7 +271,17 @@ def forward(
         interpret=None if interpret is False else interpret,
         kernel_name="pallas_flash_mosaic_fwd",
         **cluster,
-    )(q_len.astype(jnp.int32), kv_len.astype(jnp.int32), ranges, q, k, v, *seg_inputs, *tail_inputs)
+    )(
+        q_len.astype(jnp.int32),
+        kv_len.astype(jnp.int32),
+        ranges,
+        q,
+        k,
+        v,
+        *seg_inputs,
+        *tail_inputs,
+        *order_inputs,
+    )
     if tail is not None:
         coords = split_tail.item_coords(tail.items, N, B, num_q_tiles, spec.causal)
         o, lse = split_tail.combine(o, lse, *pieces, tail, coords, rows)

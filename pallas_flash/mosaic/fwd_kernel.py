@@ -76,13 +76,16 @@ def fwd_kernel(
     num_ctas: int,
     compiled: bool,
     tail_rounds: int | None = None,
+    head_rounds: bool = False,
 ):
     # With segment ids, their [B, T] and [B, S] arrays come before the outputs; with
     # split_tail (`tail_rounds`: the whole rounds), the pieces' table [P, 2, 4] comes
-    # last of the inputs, and the pieces' O and logsumexp last of the outputs.
+    # last of the inputs, and the pieces' O and logsumexp last of the outputs; with
+    # `head_rounds`, the items' order [items] (pipeline.head_rounds_order) is the last input.
     refs = list(refs)
     piece_o_ref, piece_lse_ref = (refs.pop(-2), refs.pop()) if tail_rounds else (None, None)
     o_ref, lse_ref = refs.pop(-2), refs.pop()
+    order_ref = refs.pop() if head_rounds else None
     pieces_ref = refs.pop() if tail_rounds else None
     q_seg_ref, kv_seg_ref = refs if refs else (None, None)
     block_q, block_kv, stages = config.block_q, config.block_kv, config.num_stages
@@ -126,6 +129,11 @@ def fwd_kernel(
             return b, h, pair * 2 + lax.axis_index("cluster")
         if not config.persistent:  # one item per CTA: its grid position
             b, h, t = (lax.axis_index(name) for name in ("batch", "heads", "q_tiles"))
+        elif order_ref is not None:  # head_rounds: head order, from the table
+            w = order_ref[persistent_item(lax.axis_index("cta"), i, num_ctas, snake=True)]
+            rest, from_bottom = lax.div(w, num_q_tiles), lax.rem(w, num_q_tiles)
+            b, h = lax.div(rest, heads), lax.rem(rest, heads)
+            return b, h, num_q_tiles - 1 - from_bottom
         else:
             w = item_index(i)
             if spec.causal:  # tile-major: every (batch, head)'s bottom tile first

@@ -14,6 +14,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
@@ -311,6 +312,20 @@ def persistent_item_count(cta, num_items: int, num_ctas: int, *, snake: bool):
     rounds = num_items // num_ctas
     last = persistent_item(cta, rounds, num_ctas, snake=snake)
     return jnp.where(last < num_items, rounds + 1, rounds).astype(jnp.int32)
+
+
+def head_rounds_order(pairs: int, num_q_tiles: int, num_ctas: int) -> np.ndarray:
+    """The persistent causal grid's items in head order, each round's sorted longest
+    first (MosaicConfig.head_rounds): int32 [pairs * num_q_tiles], whose entry at
+    `persistent_item(cta, i, ...)` is the item CTA `cta` walks i-th, as
+    `(pair * num_q_tiles + d)` for the (batch, head) pair's d-th tile from the bottom
+    (d = 0 walks the most key tiles). A round is num_ctas consecutive items of the head
+    order: its items stay together, only their hand-out among the CTAs changes, so that
+    the snake gives the CTA with a round's longest item the next round's shortest."""
+    items = np.arange(pairs * num_q_tiles, dtype=np.int64)
+    from_bottom = items % num_q_tiles
+    key = (items // num_ctas) * num_q_tiles + from_bottom  # round first, then the length
+    return np.argsort(key, kind="stable").astype(np.int32)
 
 
 ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per row of a wgmma accumulator
