@@ -10,6 +10,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from pallas_flash import masks
@@ -94,6 +95,9 @@ def test_forward_config_validation():
         MosaicConfig(qk_behind_pv=True)
     with pytest.raises(ValueError, match="split_tail .* needs persistent"):
         MosaicConfig(split_tail=True)
+    for flags in (dict(), dict(persistent=True, split_tail=True)):
+        with pytest.raises(ValueError, match="head_rounds .* needs persistent, and not split"):
+            MosaicConfig(head_rounds=True, **flags)
     for slack in (-1.0, 64, True, "8"):
         with pytest.raises(ValueError, match="rescale_slack=.* None or a number from 0 to 64"):
             MosaicConfig(rescale_slack=slack)
@@ -167,6 +171,20 @@ def test_persistent_items_cover_every_item_once(snake):
             ]
         assert sorted(walked) == list(range(num_items)), (num_items, num_ctas)
     assert int(pipeline.persistent_item(0, 1, 132, snake=snake)) == (263 if snake else 132)
+
+
+def test_head_rounds_order_keeps_rounds_and_sorts_each():
+    """head_rounds' table: every item once; each round (num_ctas entries) holds the head
+    order's next num_ctas items, its items from the bottom tile up (longest first)."""
+    for pairs, tiles, ctas in [(512, 8, 132), (4, 2, 3), (6, 2, 3), (7, 33, 132), (3, 5, 4)]:
+        order = pipeline.head_rounds_order(pairs, tiles, ctas)
+        assert order.dtype == np.int32 and sorted(order) == list(range(pairs * tiles))
+        for start in range(0, pairs * tiles, ctas):
+            chunk = order[start : start + ctas]
+            assert sorted(chunk) == list(range(start, start + len(chunk)))
+            from_bottom = chunk % tiles
+            assert (np.diff(from_bottom) >= 0).all(), (pairs, tiles, ctas, start)
+    assert list(pipeline.head_rounds_order(2, 3, 4)) == [0, 3, 1, 2, 4, 5]
 
 
 @pytest.mark.parametrize("causal", [None, False, True])
