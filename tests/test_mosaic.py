@@ -323,13 +323,15 @@ def test_interpret_finds_no_data_race(schedule):
 )
 def test_interpret_default_for_the_call(head_dim, causal):
     """The rows chosen by the call's length and causal flag, on a short GQA call with
-    ragged lengths: head dim 64 causal (128-key tiles, one CTA per item), 256
-    non-causal (persistent, O through Q's buffer) and 64 non-causal (persistent, 256-key
-    tiles, the row sums on the tensor cores, the last round in pieces: 16 items on the
-    3 interpret CTAs). P from shared memory (the interpreter's form)."""
+    ragged lengths: head dim 64 causal (128-key tiles, persistent in head order, each
+    next Q loaded early: 16 items on the 3 interpret CTAs), 256 non-causal (persistent,
+    O through Q's buffer) and 64 non-causal (persistent, 256-key tiles, the row sums on
+    the tensor cores, the last round in pieces). P from shared memory (the
+    interpreter's form)."""
     case = Case(2, 130, 300, 4, 2, head_dim, BF16, causal=causal, kv_lens=(300, 170))
     config = default_mosaic_config(head_dim, case.seq_kv, causal)
-    assert config.persistent == (head_dim == 256 or not causal)
+    assert config.persistent
+    assert config.head_rounds == config.early_q_load == causal
     assert (
         config.block_kv == {(64, True): 128, (256, False): 64, (64, False): 256}[head_dim, causal]
     )
@@ -523,6 +525,25 @@ def test_gpu_early_q_load_changes_no_bit(case, flags):
     persistent = dataclasses.replace(row, persistent=True)
     changed = dataclasses.replace(persistent, o_from_registers=True, early_q_load=flags == "both")
     _changed_no_bit(case, persistent, changed, interpret=False, seed=seed_of(case))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [c for c in GPU_CASES if c.causal], ids=lambda c: c.id)
+def test_gpu_head_rounds_changes_no_bit(case):
+    """head_rounds compiled on the call's default row made persistent (with early Q
+    loads where O has a buffer of its own): the causal items in head order, the same
+    items' work, so the tile-major grid's bits, and the reference passes."""
+    row = default_mosaic_config(case.head_dim, case.seq_kv, True)
+    hp = padded_head_dim(case.head_dim)
+    tile_major = dataclasses.replace(
+        row,
+        persistent=True,
+        split_tail=False,
+        head_rounds=False,
+        early_q_load=dataclasses.replace(row, persistent=True).o_buffer(hp),
+    )
+    heads = dataclasses.replace(tile_major, head_rounds=True)
+    _changed_no_bit(case, tile_major, heads, interpret=False, seed=seed_of(case))
 
 
 @pytest.mark.gpu

@@ -205,7 +205,8 @@ def test_default_is_persistent_only_where_measured_faster():
     ways."""
     for head_dim, seq_k, causal, want in [
         (64, 1, None, True),
-        (48, 2048, True, False),
+        (48, 2048, True, True),  # causal up to 2048 keys: in head order (head_rounds)
+        (48, 4096, True, False),
         (48, 2048, False, True),
         (64, 2049, False, True),
         (64, None, False, True),
@@ -214,7 +215,9 @@ def test_default_is_persistent_only_where_measured_faster():
         (64, None, None, False),
         (32, 1024, False, True),  # padded to 64: the same kernel and tiles
         (128, 1024, None, False),
-        (128, 1024, True, False),
+        (128, 1024, True, True),
+        (128, 2048, True, True),
+        (128, 2049, True, False),
         (128, 1024, False, True),
         (96, None, False, True),  # padded to 128
         (128, None, True, False),
@@ -228,6 +231,10 @@ def test_default_is_persistent_only_where_measured_faster():
     ]:
         config = default_mosaic_config(head_dim, seq_k, causal)
         assert config.persistent == want, (head_dim, seq_k, causal)
+        # Persistent where the call may be causal: in head order; causal, early Q loads.
+        rounds = want and causal is not False and padded_head_dim(head_dim) <= 128
+        assert config.head_rounds == rounds, (head_dim, seq_k, causal)
+        assert config.early_q_load == (rounds and causal is True), (head_dim, seq_k, causal)
         # O has its own buffer where persistent, except at 256 (no room: through Q's).
         hp = padded_head_dim(head_dim)
         assert config.o_buffer(hp) == (want and hp != 256), (head_dim, seq_k, causal)
@@ -267,7 +274,7 @@ def test_api_default_follows_the_call(monkeypatch):
         pallas_flash.flash_attention(q, k, k, is_causal=causal, implementation="mosaic")
         want = default_mosaic_config(head_dim, seq_k, causal)
         assert plans[-1].fwd_config == want, (head_dim, seq_k, causal)
-    assert [p.fwd_config.persistent for p in plans] == [True, False, False]
+    assert [p.fwd_config.persistent for p in plans] == [True, True, False]
 
 
 # --- compiled, on the H200 -------------------------------------------------------------

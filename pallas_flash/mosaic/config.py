@@ -691,8 +691,22 @@ OVERLAP_REPLACES = dict(
 
 
 # Key lengths up to which the head-dim-64 default takes its short-length rows: 128-key
-# tiles when causal, persistent when the causal flag is not known (measured at 1k and 2k).
+# tiles when causal, persistent when the causal flag is not known (measured at 1k and 2k);
+# and up to which the causal rows at head dims 64 and 128 are persistent (HEAD_ROUNDS).
 PERSISTENT_MAX_KEYS = 2048
+
+# The causal forward at head dims 64 and 128 up to PERSISTENT_MAX_KEYS keys: persistent,
+# its items in head order (head_rounds) and each next Q loaded early (early_q_load), not
+# one CTA per item. On an H100 at 6f8830f (bf16, B x T = 16k, forward TFLOP/s, one
+# process a head dim; results/mosaic-6f8830f/fa-mosaic-{64,128}-true-head-rounds*.jsonl):
+# head dim 64 1k / 2k 289.9 / 361.2 against the one-CTA-per-item row's 255.6 / 314.2
+# (1.13x / 1.15x; cuDNN 260.6 / 323.5), tile-major 242.1 / 281.0, head order without
+# early Q loads 286.7 / 353.6; head dim 128 1k / 2k 358.6 / 472.1 against 327.4 / 449.1
+# (1.10x / 1.05x; cuDNN 326.2 / 410.5). Longer, it loses or ties: head dim 64 4k / 8k
+# 1.02x / 0.99x, head dim 128 4k / 8k 0.99x / 0.93x (the rounds' sort evens the CTAs'
+# work less well than the tile-major order's shrinking last rounds, and at those lengths
+# a CTA's fixed costs weigh little).
+HEAD_ROUNDS = True
 
 
 # Key lengths up to which the head-dim-192/256 default is persistent when not causal
@@ -716,19 +730,24 @@ def default_mosaic_config(
         # 2k with 256-key tiles). Causal at short lengths: 128-key tiles, 1.11x / 1.04x at
         # 1k / 2k, one CTA per item (1.05x the persistent grid at 2k). Module docstring.
         # Row sums on the tensor cores when not causal (ROW_SUM_WGMMA_64's comment), and
-        # the last round split by keys (SPLIT_TAIL_64's).
+        # the last round split by keys (SPLIT_TAIL_64's). Causal at short lengths since
+        # the 54th session: persistent in head order with early Q loads (HEAD_ROUNDS'
+        # comment), where it may be causal.
         short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS
         short_causal = short and causal is True
+        persistent = causal is False or (short and HEAD_ROUNDS) or (short and causal is None)
         return MosaicConfig(
             block_q=64,
             block_kv=128 if short_causal else 256,
             num_stages=2,
             early_k_wait=True,
-            persistent=causal is False or (short and causal is None),
+            persistent=persistent,
             q_register_cols=Q_REGISTER_COLS,
             named_turns=NAMED_TURNS_DEFAULT,
             row_sum_wgmma=ROW_SUM_WGMMA_64 and causal is False,
             split_tail=SPLIT_TAIL_64 and causal is False,
+            early_q_load=short_causal and HEAD_ROUNDS,
+            head_rounds=persistent and causal is not False and HEAD_ROUNDS,
         )
     # The conditional rescale above head dim 64, but not for short causal calls (at
     # RESCALE_SLACK's comment).
@@ -736,16 +755,21 @@ def default_mosaic_config(
     slack = None if few_keys and causal is not False else RESCALE_SLACK
     if hp <= 128:
         # Persistent when not causal: 1.06x / 1.06x / 1.00x / 1.01x at 1k / 2k / 8k /
-        # 16k; causal 0.90-0.98x (module docstring).
+        # 16k; causal 0.90-0.98x tile-major (module docstring), but in head order with
+        # early Q loads at up to 2048 keys (HEAD_ROUNDS' comment).
+        short_causal = causal is True and seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS
+        short_causal = short_causal and HEAD_ROUNDS
         return MosaicConfig(
             block_q=64,
             block_kv=128,
             num_stages=2,
             early_k_wait=True,
-            persistent=causal is False,
+            persistent=causal is False or short_causal,
             q_register_cols=Q_REGISTER_COLS,
             named_turns=NAMED_TURNS_DEFAULT,
             rescale_slack=slack,
+            early_q_load=short_causal,
+            head_rounds=short_causal,
         )
     # Persistent when not causal up to 16384 keys: 1.01-1.05x at 1k-16k (docstring).
     short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS_256
