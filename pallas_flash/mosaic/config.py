@@ -8,13 +8,15 @@ Default-config table (16-bit inputs; head dim padded up to a multiple of 64):
 |-------------------|-------------------------------|--------|-----------------------|
 | 64                | 64 x 256, early K wait        | 2      | 151,128 (bound)       |
 | 64, not causal    | the same, persistent, last round split by keys | 2 | 167,512 (bound) |
-| 64, keys <= 2048, causal | 64 x 128, early K wait | 2      | 101,976 (bound)       |
+| 64, keys <= 2048, causal | 64 x 128, early K wait, persistent, head order | 2 | 101,976 (bound) |
 | 128, causal       | 64 x 128, early K wait        | 2      | 167,000               |
+| 128, keys <= 2048, causal | the same, persistent, head order | 2 | 200,280 (bound) |
 | 128, not causal   | the same, persistent          | 2      | 200,280 (bound)       |
 | 192, 256          | 64 x 64, early K wait         | 2      | 150,616, 199,768      |
 | 192, 256, keys <= 16384, not causal | the same, persistent | 2 | 199,768 (O through Q's buffer) |
 
-(Shared memory as Mosaic GPU's lowering reports it, with P in registers; "bound":
+("Persistent, head order": `head_rounds` with early Q loads. Shared memory as Mosaic
+GPU's lowering reports it, with P in registers; "bound":
 `smem_bytes`' upper bound, for rows not yet read off a lowering.) Every row holds Q's
 first 64 head-dim columns in registers (`q_register_cols=64`, since 19797c5's runs, see
 `Q_REGISTER_COLS` below). The rows of head dims 128-256 skip the running output's rescale
@@ -103,6 +105,21 @@ gpu_run.sh step `sweep-mosaic:HD:fwd`; B=2, T=S=8k, bf16; TFLOP/s non-causal / c
   default whenever the call is not causal. Causal 4k (`fa-mosaic-64-true-4k-variants.jsonl`):
   persistent 300.1 against 368.6 (0.81x); 128-key tiles 377.1 (1.02x, where at 81df3c6
   they ran 0.98x: within a run's spread, so the 256-key row stays).
+- The persistent causal grid in head order (`head_rounds`, 54th session; an H100, one
+  process a head dim, `results/mosaic-6f8830f/`). Every causal timing of the persistent
+  grid above walked its items tile-major: each round read the K and V of 132 heads,
+  and a head's next query tile came back only after all the others had had theirs, so
+  each item read its K and V from HBM (at head dim 64 causal 1k, by a count of bytes,
+  about 4.5x the K/V reads of the one-CTA-per-item grid; estimated, not profiled). In
+  head order, with early Q
+  loads, it ran 1.13x / 1.15x the one-CTA-per-item row at head dim 64 causal 1k / 2k
+  (289.9 / 361.2 TFLOP/s; tile-major 242.1 / 281.0) and 1.10x / 1.05x at head dim 128
+  (358.6 / 472.1), 1.02x / 0.99x at 64 4k / 8k and 0.99x / 0.93x at 128 4k / 8k: the
+  default for causal calls of at most 2048 keys at head dims 64 and 128 (HEAD_ROUNDS).
+  As the default at 0ac7980 (`results/mosaic-0ac7980/fa-mosaic-causal-short-fwd.jsonl`,
+  beside the three peers): 290.9 / 354.0 at head dim 64 1k / 2k against cuDNN's 262.7 /
+  332.1 (1.11x / 1.07x), 377.5 / 471.8 at 128 against tokamax's 354.8 / 443.5 (1.06x /
+  1.06x).
 Starting points came from JAX's own Mosaic FA3
 (`jax/experimental/pallas/ops/gpu/attention_mgpu.py`), whose benchmark keeps 64 query
 rows per warpgroup and two K/V stages and takes the first block_kv of 256, 128, 64 that
@@ -332,12 +349,15 @@ class MosaicConfig:
       the key tiles of 132 different heads, and a head's next query tile comes back to
       them only once every head has had its turn: at head dim 64 causal 1k (16 x 32
       heads of 256 KiB of K and V) that is 128 MiB between a head's reads against 50 MiB
-      of L2, so each item reads its K and V from HBM, about 4.5x the bytes of the grid of
-      one CTA per item, whose launch order (heads fastest, then query tiles, then batch)
-      keeps about 8 MiB of K and V in use. In head order a round's 132 items take about
-      16 heads' K and V. The items' work is the same, in another order: the same bits.
-      Without a causal mask the persistent order is head order already, and this changes
-      nothing. Not with split_tail (whose pieces assume the plain orders).
+      of L2, so each item reads its K and V from HBM: by a count of bytes about 4.5x
+      those of the grid of one CTA per item (an estimate, not profiled), whose launch
+      order (heads fastest, then query tiles, then batch) keeps about 8 MiB of K and V
+      in use. In head order a round's 132 items take about 16 heads' K and V. The
+      items' work is the same, in another order: the same bits. Without a causal mask
+      the persistent order is head order already, and this changes nothing. Not with
+      split_tail (whose pieces assume the plain orders). On in the causal rows of at
+      most 2048 keys at head dims 64 and 128 (HEAD_ROUNDS: 1.05-1.15x the grid of one
+      CTA per item there, on an H100).
     early_q_load: persistent, each consumer loads its next item's Q as soon as this
       item's last Q K^T has been read (the tile loop's last step) rather than in the
       epilogue, so that the load's latency hides behind that step's softmax and P V
