@@ -18,33 +18,28 @@ keep() {
 }
 PEERS=jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3
 case $call in
-  1) # (H) the head-dim-64 forward beside the three peers at 2k and 8k, causal and not, on
-    # the H200: those four table cells predate the rows' row sums on the tensor cores
-    # (non-causal) and column blocks (causal). Then the weakest cell, head dim 64 causal
-    # 1k (0.90x cuDNN at 74e1a14), beside five variants of its row: 64-key tiles, the
-    # persistent grid alone and with early Q loads (a CTA there walks 1-8 key tiles, so
-    # its fixed costs weigh most), the row sums on the tensor cores and three stages.
-    FA_PASSES=fwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M,$PEERS timeout 200 \
+  1) # (H) the forward beside the three peers on the H200 where the 54th session moved the
+    # default (causal, at most 2048 keys, head dims 64 and 128: persistent in head order
+    # with early Q loads) or the table's cells predate the rows (head dim 64 at 2k and 8k,
+    # before its row sums on the tensor cores and its column blocks); 1k too at 64.
+    FA_PASSES=fwd FA_SEQS=1024,2048,8192 MOSAIC_FA_IMPLS=$M,$PEERS timeout 300 \
       bash $G "$C" mosaic-fa:64:false mosaic-fa:64:true
-    keep fa-mosaic-64-fwd-2k-8k
-    FA_PASSES=fwd FA_SEQS=1024 \
-      MOSAIC_FA_IMPLS=$M,$M/block_kv=64,$M/persistent=true,$M/persistent=true/early_q_load=true,$M/row_sum_wgmma=true,$M/num_stages=3,$PEERS \
-      timeout 150 bash $G "$C" mosaic-fa:64:true
-    keep fa-mosaic-64-true-1k-variants ;;
-  2) # head dim 256's backward with the lse read early (its default since the 53rd
-    # session) beside the row without it and cuDNN at 2k and 8k, causal and not (the
-    # table's cells there predate it); its compiled reference tests and determinism (the
-    # 5 case-table rows of head dim 256, both operand forms, and the defaults' two calls);
-    # then where the warps wait at the two weakest cells: the forward at head dim 64
-    # causal 1k and the backward at head dim 128 non-causal 16k (0.98x cuDNN).
-    FA_PASSES=bwd FA_SEQS=2048,8192 MOSAIC_FA_IMPLS=$M,$M/early_lse=false,jax.nn:cudnn \
-      timeout 250 bash $G "$C" mosaic-fa:256:false mosaic-fa:256:true
-    keep fa-mosaic-256-bwd-early-lse
-    MOSAIC_TESTS_WORKERS=8 MOSAIC_TESTS_TIMEOUT=150 \
-      MOSAIC_TESTS_K="test_mosaic_backward and ((test_gpu_matches_reference and h256) or (test_gpu_is_bitwise_deterministic and 256))" \
-      bash $G "$C" mosaic-tests
-    STALLS_PASS=fwd STALLS_KERNELS=pallas_flash_mosaic_fwd STALLS_NAME=stalls-fwd-64-1024-true \
-      bash $G "$C" stalls-fa:64:1024:true
-    STALLS_NAME=stalls-bwd-128-16384-false bash $G "$C" stalls-fa:128:16384:false ;;
+    keep fa-mosaic-64-fwd-1k-2k-8k
+    FA_PASSES=fwd FA_SEQS=1024,2048 MOSAIC_FA_IMPLS=$M,$PEERS timeout 150 \
+      bash $G "$C" mosaic-fa:128:true
+    keep fa-mosaic-128-true-fwd-short ;;
+  2) # The persistent causal grid in head order at 4096 keys, beside the default (one CTA
+    # per item there) and cuDNN, head dims 64 and 128 (on an H100: 1.02x / 0.99x), so
+    # that PERSISTENT_MAX_KEYS may move, and the ping-pong's turns on the mbarrier
+    # (named_turns=false: 1.07x the old row at head dim 64 causal 2k, 0.97x at 1k, on an
+    # H100) at 2k and 4k; then where the warps wait in the new head-dim-64 causal 1k
+    # default (the 54th session's profile of the old row: 6 % of the samples at the
+    # kernel's start, 6 % on the consumers' wait for Q, 4 % on O's read-out).
+    FA_PASSES=fwd FA_SEQS=2048,4096 \
+      MOSAIC_FA_IMPLS=$M,$M/persistent=true/early_q_load=true/head_rounds=true,$M/named_turns=false,jax.nn:cudnn \
+      timeout 250 bash $G "$C" mosaic-fa:64:true mosaic-fa:128:true
+    keep fa-mosaic-causal-4k-head-rounds
+    STALLS_PASS=fwd STALLS_KERNELS=pallas_flash_mosaic_fwd \
+      STALLS_NAME=stalls-fwd-64-1024-true-head-rounds bash $G "$C" stalls-fa:64:1024:true ;;
   *) echo "next_calls: no call $call (1 or 2)" >&2; exit 2 ;;
 esac
