@@ -351,8 +351,9 @@ class MosaicConfig:
       heads of 256 KiB of K and V) that is 128 MiB between a head's reads against 50 MiB
       of L2, so each item reads its K and V from HBM: by a count of bytes about 4.5x
       those of the grid of one CTA per item (an estimate, not profiled), whose launch
-      order (heads fastest, then query tiles, then batch) keeps about 8 MiB of K and V
-      in use. In head order a round's 132 items take about 16 heads' K and V. The
+      order (the grid's last axis, batch, fastest, then query tiles, then heads: Mosaic
+      GPU maps it to blockIdx.x) keeps about one head's, 4 MiB there, in use. In head
+      order a round's 132 items take about 16 (batch, head) pairs' K and V. The
       items' work is the same, in another order: the same bits. Without a causal mask
       the persistent order is head order already, and this changes nothing. Not with
       split_tail (whose pieces assume the plain orders). On in the causal rows of at
