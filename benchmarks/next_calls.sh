@@ -30,14 +30,17 @@ case $call in
     keep fa-mosaic-128-true-fwd-short ;;
   2) # The persistent causal grid in head order at 4096 keys, beside the default (one CTA
     # per item there) and cuDNN, head dims 64 and 128 (on an H100: 1.02x / 0.99x), so
-    # that PERSISTENT_MAX_KEYS may move, and the ping-pong's turns on the mbarrier
-    # (named_turns=false: 1.07x the old row at head dim 64 causal 2k, 0.97x at 1k, on an
-    # H100) at 2k and 4k; then where the warps wait in the new head-dim-64 causal 1k
-    # default (the 54th session's profile of the old row: 6 % of the samples at the
-    # kernel's start, 6 % on the consumers' wait for Q, 4 % on O's read-out).
-    FA_PASSES=fwd FA_SEQS=2048,4096 \
-      MOSAIC_FA_IMPLS=$M,$M/persistent=true/early_q_load=true/head_rounds=true,$M/named_turns=false,jax.nn:cudnn \
-      timeout 250 bash $G "$C" mosaic-fa:64:true mosaic-fa:128:true
+    # that PERSISTENT_MAX_KEYS may move; with order_ranges (each item's key range in its
+    # row of the order table: one round trip at an item's start, not two), and the
+    # ping-pong's turns on the mbarrier (named_turns=false: 1.07x the old row at head dim
+    # 64 causal 2k, 0.97x at 1k, on an H100), at 1k-4k; then where the warps wait in the
+    # new head-dim-64 causal 1k default (the 54th session's profile of the old row: 6 %
+    # of the samples at the kernel's start, 6 % on the consumers' wait for Q, 4 % on O's
+    # read-out).
+    H=$M/persistent=true/early_q_load=true/head_rounds=true
+    FA_PASSES=fwd FA_SEQS=1024,2048,4096 \
+      MOSAIC_FA_IMPLS=$M,$H,$H/order_ranges=true,$M/named_turns=false,jax.nn:cudnn \
+      timeout 300 bash $G "$C" mosaic-fa:64:true mosaic-fa:128:true
     keep fa-mosaic-causal-4k-head-rounds
     STALLS_PASS=fwd STALLS_KERNELS=pallas_flash_mosaic_fwd \
       STALLS_NAME=stalls-fwd-64-1024-true-head-rounds bash $G "$C" stalls-fa:64:1024:true ;;

@@ -98,6 +98,8 @@ def test_forward_config_validation():
     for flags in (dict(), dict(persistent=True, split_tail=True)):
         with pytest.raises(ValueError, match="head_rounds .* needs persistent, and not split"):
             MosaicConfig(head_rounds=True, **flags)
+    with pytest.raises(ValueError, match="order_ranges .* needs head_rounds"):
+        MosaicConfig(persistent=True, order_ranges=True)
     for slack in (-1.0, 64, True, "8"):
         with pytest.raises(ValueError, match="rescale_slack=.* None or a number from 0 to 64"):
             MosaicConfig(rescale_slack=slack)
@@ -185,6 +187,21 @@ def test_head_rounds_order_keeps_rounds_and_sorts_each():
             from_bottom = chunk % tiles
             assert (np.diff(from_bottom) >= 0).all(), (pairs, tiles, ctas, start)
     assert list(pipeline.head_rounds_order(2, 3, 4)) == [0, 3, 1, 2, 4, 5]
+
+
+def test_order_rows_hold_each_items_range_and_lengths():
+    """order_ranges' table: row r is item order[r] (pair * tiles + its tile from the
+    bottom), then that (batch element, query tile)'s four key-tile bounds from the range
+    table, then the batch element's query and key lengths."""
+    batch, heads, tiles = 2, 3, 4
+    order = pipeline.head_rounds_order(batch * heads, tiles, 5)
+    ranges = jnp.arange(batch * tiles * 4, dtype=jnp.int32).reshape(batch, tiles, 4)
+    q_len, kv_len = jnp.array([7, 9], jnp.int32), jnp.array([11, 13], jnp.int32)
+    rows = np.asarray(pipeline.order_rows(order, ranges, q_len, kv_len, heads, tiles))
+    assert rows.shape == (len(order), len(pipeline.ORDER_COLS)) and rows.dtype == np.int32
+    for row, item in zip(rows, order):
+        b, tile = item // tiles // heads, tiles - 1 - item % tiles
+        assert list(row) == [item, *ranges[b, tile].tolist(), q_len[b], kv_len[b], 0]
 
 
 @pytest.mark.parametrize("causal", [None, False, True])

@@ -466,10 +466,12 @@ def test_split_tail_even_pieces_only_where_they_gain():
     ],
     ids=lambda c: c.id,
 )
-def test_interpret_head_rounds_changes_no_bit(case):
+@pytest.mark.parametrize("ranges", [False, True], ids=["entry", "order-ranges"])
+def test_interpret_head_rounds_changes_no_bit(case, ranges):
     """head_rounds hands the persistent causal grid's items out in head order (12 and 8
     items on the 3 interpret CTAs, each round's longest first): another order of the same
-    items, so the reference passes and the tile-major grid's bits come back."""
+    items, so the reference passes and the tile-major grid's bits come back; with
+    order_ranges, each item's key range and lengths read from its row of the table."""
     config = dataclasses.replace(SMALL, persistent=True)
-    changed = dataclasses.replace(config, head_rounds=True)
+    changed = dataclasses.replace(config, head_rounds=True, order_ranges=ranges)
     _changed_no_bit(case, config, changed, interpret=True, seed=5)

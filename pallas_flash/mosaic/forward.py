@@ -72,6 +72,7 @@ from pallas_flash.mosaic.fwd_kernel import fwd_kernel
 from pallas_flash.mosaic.pipeline import (
     head_rounds_order,
     kv_tile_ranges,
+    order_rows,
     pad_to,
     pair_cluster,
     sm_count,
@@ -232,7 +233,12 @@ def forward(
     # the persistent order is head order already).
     order_inputs = ()
     if config.persistent and config.head_rounds and spec.causal:
-        order_inputs = (jnp.asarray(head_rounds_order(B * N, num_q_tiles, num_ctas)),)
+        order = head_rounds_order(B * N, num_q_tiles, num_ctas)
+        if config.order_ranges:  # each item's key range and lengths in its row
+            table = order_rows(order, ranges, q_len, kv_len, N, num_q_tiles)
+        else:
+            table = jnp.asarray(order)
+        order_inputs = (table,)
     tail_inputs, tail_outputs = (), ()
     if tail is not None:
         tail_inputs = (jnp.asarray(tail.pieces),)

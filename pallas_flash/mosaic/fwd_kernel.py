@@ -26,6 +26,7 @@ from pallas_flash.mosaic.config import (
 )
 from pallas_flash.mosaic.pipeline import (
     COL,
+    ORDER_COLS,
     ROW,
     NamedSlots,
     PingPong,
@@ -107,12 +108,29 @@ def fwd_kernel(
     def piece_of(i):  # split_tail: item i's piece of this CTA (0 in the whole rounds)
         return jnp.clip(i - tail_rounds, 0, 1)
 
+    # order_ranges: the table's rows carry each item's key range and lengths (ORDER_COLS).
+    order_rows = order_ref is not None and config.order_ranges
+
+    def order_row(i):  # head_rounds: this CTA's item i's entry (row) of the order table
+        return persistent_item(lax.axis_index("cta"), i, num_ctas, snake=True)
+
+    def lengths(i, b):  # (q_len, kv_len) of item i, in batch element b
+        if order_rows:
+            row = order_row(i)
+            return order_ref[row, ORDER_COLS.index("q_len")], order_ref[
+                row, ORDER_COLS.index("kv_len")
+            ]
+        return q_len_ref[b], kv_len_ref[b]
+
     def key_range(i, b, tile, ends_only: bool = False):
         """(lo, full_lo, full_hi, hi): the key tiles item i walks, the masked ones below
         full_lo and from full_hi; a split_tail piece's are its own keys among them.
         `ends_only` (the producer's): (lo, hi), the other two not read."""
+        cols = (0, 3) if ends_only else range(4)
+        if order_rows:  # from the item's row of the table, read with its index
+            return tuple(order_ref[order_row(i), ORDER_COLS.index("lo") + c] for c in cols)
         row = range_row(tile)
-        bounds = tuple(ranges_ref[b, row, c] for c in ((0, 3) if ends_only else range(4)))
+        bounds = tuple(ranges_ref[b, row, c] for c in cols)
         if not tail_rounds:
             return bounds
         cta, piece = lax.axis_index("cta"), piece_of(i)
@@ -130,7 +148,7 @@ def fwd_kernel(
         if not config.persistent:  # one item per CTA: its grid position
             b, h, t = (lax.axis_index(name) for name in ("batch", "heads", "q_tiles"))
         elif order_ref is not None:  # head_rounds: head order, from the table
-            w = order_ref[persistent_item(lax.axis_index("cta"), i, num_ctas, snake=True)]
+            w = order_ref[order_row(i), 0] if order_rows else order_ref[order_row(i)]
             rest, from_bottom = lax.div(w, num_q_tiles), lax.rem(w, num_q_tiles)
             b, h = lax.div(rest, heads), lax.rem(rest, heads)
             return b, h, num_q_tiles - 1 - from_bottom
@@ -231,8 +249,7 @@ def fwd_kernel(
             # O goes out through Q's buffer, or (persistent) one of its own, so that the
             # next item's Q can load while this O is stored.
             out_smem = q_smem if o_smem is None else o_smem.at[wg]
-            q_len = q_len_ref[b]
-            kv_len = kv_len_ref[b]
+            q_len, kv_len = lengths(i, b)
             # Top-left alignment: the literal 0, not a traced zero, which `pl.run_state`
             # (intra_overlap) cannot close over in Mosaic GPU's lowering.
             diag = masks.offset(spec, q_len, kv_len) if spec.uses_offset else 0

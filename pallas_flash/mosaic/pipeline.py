@@ -328,6 +328,27 @@ def head_rounds_order(pairs: int, num_q_tiles: int, num_ctas: int) -> np.ndarray
     return np.argsort(key, kind="stable").astype(np.int32)
 
 
+# order_ranges: the columns of a row of the order table (order_rows).
+ORDER_COLS = ("item", "lo", "full_lo", "full_hi", "hi", "q_len", "kv_len", "pad")
+
+
+def order_rows(order: np.ndarray, ranges, q_len, kv_len, heads: int, num_q_tiles: int):
+    """head_rounds' table with each item's key range and lengths beside it (MosaicConfig.
+    order_ranges): int32 [items, 8], ORDER_COLS, gathered from `ranges` [B, tiles, 4]
+    and the lengths [B] before the kernel, so that a CTA starting an item waits on one
+    row's loads rather than the entry's and then, indexed by it, the range's."""
+    pair, from_bottom = np.divmod(order, num_q_tiles)
+    b, tile = pair // heads, num_q_tiles - 1 - from_bottom
+    cols = [
+        jnp.asarray(order)[:, None],
+        ranges[b, tile],
+        q_len[b][:, None],
+        kv_len[b][:, None],
+        jnp.zeros((len(order), 1), jnp.int32),
+    ]
+    return jnp.concatenate([c.astype(jnp.int32) for c in cols], axis=1)
+
+
 ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per row of a wgmma accumulator
 
 
