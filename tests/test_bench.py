@@ -608,11 +608,12 @@ def test_mosaic_config_variants_are_named_by_their_fields(monkeypatch):
     )
     assert seen["backward_config"].fused and seen["config"].block_kv == 256
     assert seen["config"] == mosaic_config.default_mosaic_config(64, 4096, True)
-    seen.clear()  # and at the call's causal flag (head dim 128: persistent unless causal)
-    q = jnp.zeros((1, 8, 2, 128), jnp.bfloat16)
+    seen.clear()  # and at the call's causal flag (head dim 128, 8 keys: persistent, in
+    q = jnp.zeros((1, 8, 2, 128), jnp.bfloat16)  # head order when causal; 4k: not causal)
     for causal in (False, True):
         impls.lookup("pallas_flash:mosaic/num_stages=2").fn(q, q, q, causal=causal)
-        assert seen["config"].persistent is not causal
+        assert seen["config"].persistent and seen["config"].head_rounds is causal
+    assert not mosaic_config.default_mosaic_config(128, 4096, True).persistent
     seen.clear()  # a field both configs have is set in both
     impls.lookup("pallas_flash:mosaic/row_bound_mask=false").fn(q, q, q, causal=True)
     assert not seen["config"].row_bound_mask and not seen["backward_config"].row_bound_mask

@@ -706,8 +706,11 @@ SPLIT_TAIL_64 = True
 
 # A persistent default row without its persistent grid (one CTA per work item): what it
 # takes in place of the options it carries that need that grid (split_tail,
-# SPLIT_TAIL_64), as the tests, benchmarks.lowered_ops and lowered_digest build it.
-WITHOUT_PERSISTENT = dict(split_tail=False)
+# SPLIT_TAIL_64; early_q_load, head_rounds and order_ranges, HEAD_ROUNDS), as the tests,
+# benchmarks.lowered_ops and lowered_digest build it.
+WITHOUT_PERSISTENT = dict(
+    split_tail=False, early_q_load=False, head_rounds=False, order_ranges=False
+)
 
 
 # intra_overlap is a schedule of its own: what a default row takes in place of the options
