@@ -368,6 +368,7 @@ class MosaicConfig:
       the lengths' two LDGs behind it; the tile-major order computes its item and has
       only the second. The same items, bounds and bits. Not yet timed (about 0.2-0.5 us
       an item of 8-9 us at head dim 64 causal 1k, if an L2 hit's round trip).
+    early_q_load: persistent, each consumer loads its next item's Q as soon as this
       item's last Q K^T has been read (the tile loop's last step) rather than in the
       epilogue, so that the load's latency hides behind that step's softmax and P V
       rather than holding the next item's first Q K^T (tokamax's persistent forward,

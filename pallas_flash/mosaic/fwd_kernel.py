@@ -82,7 +82,8 @@ def fwd_kernel(
     # With segment ids, their [B, T] and [B, S] arrays come before the outputs; with
     # split_tail (`tail_rounds`: the whole rounds), the pieces' table [P, 2, 4] comes
     # last of the inputs, and the pieces' O and logsumexp last of the outputs; with
-    # `head_rounds`, the items' order [items] (pipeline.head_rounds_order) is the last input.
+    # `head_rounds`, the items' order (pipeline.head_rounds_order: [items], or with
+    # order_ranges [items, 8], pipeline.order_rows) is the last input.
     refs = list(refs)
     piece_o_ref, piece_lse_ref = (refs.pop(-2), refs.pop()) if tail_rounds else (None, None)
     o_ref, lse_ref = refs.pop(-2), refs.pop()
@@ -115,12 +116,10 @@ def fwd_kernel(
         return persistent_item(lax.axis_index("cta"), i, num_ctas, snake=True)
 
     def lengths(i, b):  # (q_len, kv_len) of item i, in batch element b
-        if order_rows:
-            row = order_row(i)
-            return order_ref[row, ORDER_COLS.index("q_len")], order_ref[
-                row, ORDER_COLS.index("kv_len")
-            ]
-        return q_len_ref[b], kv_len_ref[b]
+        if not order_rows:
+            return q_len_ref[b], kv_len_ref[b]
+        row = order_row(i)
+        return tuple(order_ref[row, ORDER_COLS.index(name)] for name in ("q_len", "kv_len"))
 
     def key_range(i, b, tile, ends_only: bool = False):
         """(lo, full_lo, full_hi, hi): the key tiles item i walks, the masked ones below
