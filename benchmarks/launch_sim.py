@@ -245,6 +245,71 @@ def l2_rereads(
     return fetched / len({(h, e, tile) for _, h, e, tile in steps})
 
 
+def forward_kv_fetches(
+    config,
+    t: int,
+    b: int,
+    n: int,
+    causal: bool,
+    head_dim: int,
+    cta_steps: float = 0.5,
+    l2_bytes: int = L2_BYTES,
+) -> float:
+    """How many times over the forward would fetch its K and V tiles from HBM through an
+    L2 of `l2_bytes` kept least-recently-used: each CTA walks its items' key tiles one a
+    step (persistent, its items in turn, as `fwd_kernel.item_at` orders them, head_rounds
+    included; else CTAs go to SMs as they free, in launch order), each step reading one
+    (batch element, head, key tile)'s K and V (bf16), the steps replayed in the order
+    they start. 1.0: every tile fetched once. Q, O and the L2's partitioning are left
+    out: a count of distances between a tile's reads, not of their time on the GPU."""
+    if config.split_tail or config.kv_multicast:
+        raise ValueError("split_tail's pieces and kv_multicast's clusters are not modelled")
+    rows = config.consumers * config.block_q
+    tiles = _ceil(t, rows)
+    events = []  # (start, sequence, (batch element, head, key tile))
+
+    def walk(start: float, e: int, h: int, q: int) -> float:
+        steps = causal_key_tiles(q * rows, rows, config.block_kv, t, causal)
+        events.extend((start + j, len(events) + j, (e, h, j)) for j in range(steps))
+        return start + steps + cta_steps
+
+    if config.persistent:
+        items = n * tiles * b
+        ctas = min(items, H100_SMS)
+        order = None
+        if config.head_rounds and causal:
+            order = pipeline.head_rounds_order(n * b, tiles, ctas)
+        for cta in range(ctas):
+            clock, i = 0.0, 0
+            while (w := int(pipeline.persistent_item(cta, i, ctas, snake=causal))) < items:
+                if order is None:
+                    e, h, q = (int(x) for x in split_tail.item_coords(w, n, b, tiles, causal))
+                else:  # the table's entry: a (batch, head) pair's tile from the bottom
+                    pair, from_bottom = divmod(int(order[w]), tiles)
+                    (e, h), q = divmod(pair, n), tiles - 1 - from_bottom
+                clock = walk(clock, e, h, q)
+                i += 1
+    else:  # grid (heads, query tiles, batch), the last axis fastest, bottom tiles first
+        free = [(0.0, sm) for sm in range(H100_SMS)]
+        for h in range(n):
+            for q in range(tiles - 1, -1, -1) if causal else range(tiles):
+                for e in range(b):
+                    start, sm = heapq.heappop(free)
+                    heapq.heappush(free, (walk(start, e, h, q), sm))
+    size = 2 * config.block_kv * padded_head_dim(head_dim) * 2
+    held: OrderedDict = OrderedDict()
+    fetched = 0
+    for _, _, key in sorted(events):
+        if key in held:
+            held.move_to_end(key)
+            continue
+        fetched += 1
+        held[key] = None
+        if len(held) * size > l2_bytes:
+            held.popitem(last=False)
+    return fetched / len({key for _, _, key in events})
+
+
 def report(
     head_dim: int,
     seq: int,

@@ -217,3 +217,25 @@ def test_head_rounds_keep_the_persistent_causal_grid_even():
     mean = sum(per_cta) / len(per_cta)
     assert max(per_cta) / mean == pytest.approx(1.022, abs=0.001)
     assert max(plain) / mean == pytest.approx(1.031, abs=0.001)
+
+
+def test_forward_kv_fetches_tile_major_against_head_order():
+    """forward_kv_fetches (a 50 MiB least-recently-used L2 over the steps' K/V reads): at
+    head dim 64 causal 1k the persistent grid's tile-major walk fetches its K and V tiles
+    4.04x over (a head's next tile comes back after 512 heads' tiles), head order and the
+    grid of one CTA per item once each; an L2 of one tile refetches every reread."""
+    row = fwd_config.default_mosaic_config(64, 1024, True)
+    assert row.persistent and row.head_rounds
+    shape = (1024, 16, 32, True, 64)
+    tile_major = dataclasses.replace(row, head_rounds=False)
+    one_each = dataclasses.replace(row, persistent=False, early_q_load=False, head_rounds=False)
+    assert launch_sim.forward_kv_fetches(row, *shape) == 1.0
+    assert launch_sim.forward_kv_fetches(one_each, *shape) == 1.0
+    assert launch_sim.forward_kv_fetches(tile_major, *shape) == pytest.approx(4.04, abs=0.01)
+    tiny = 2 * row.block_kv * 64 * 2  # one tile's K and V
+    assert launch_sim.forward_kv_fetches(row, *shape, l2_bytes=tiny) > 4.0
+    with pytest.raises(ValueError, match="split_tail"):
+        launch_sim.forward_kv_fetches(
+            dataclasses.replace(row, head_rounds=False, early_q_load=False, split_tail=True),
+            *shape,
+        )

@@ -109,13 +109,14 @@ gpu_run.sh step `sweep-mosaic:HD:fwd`; B=2, T=S=8k, bf16; TFLOP/s non-causal / c
   process a head dim, `results/mosaic-6f8830f/`). Every causal timing of the persistent
   grid above walked its items tile-major: each round read the K and V of 132 heads,
   and a head's next query tile came back only after all the others had had theirs, so
-  each item read its K and V from HBM (at head dim 64 causal 1k, by a count of bytes,
-  about 4.5x the K/V reads of the one-CTA-per-item grid; estimated, not profiled). In
-  head order, with early Q
-  loads, it ran 1.13x / 1.15x the one-CTA-per-item row at head dim 64 causal 1k / 2k
-  (289.9 / 361.2 TFLOP/s; tile-major 242.1 / 281.0) and 1.10x / 1.05x at head dim 128
-  (358.6 / 472.1), 1.02x / 0.99x at 64 4k / 8k and 0.99x / 0.93x at 128 4k / 8k: the
-  default for causal calls of at most 2048 keys at head dims 64 and 128 (HEAD_ROUNDS).
+  each item read its K and V from HBM (`launch_sim.forward_kv_fetches`, a model of a
+  50 MiB LRU L2, not a profile: 4.0x / 7.3x the compulsory K/V fetches at head dim 64
+  causal 1k / 2k, against 1.0x for the one-CTA-per-item grid and for head order). In
+  head order, with early Q loads, it ran 1.13x / 1.15x the one-CTA-per-item row at
+  head dim 64 causal 1k / 2k (289.9 / 361.2 TFLOP/s; tile-major 242.1 / 281.0) and
+  1.10x / 1.05x at head dim 128 (358.6 / 472.1), 1.02x / 0.99x at 64 4k / 8k and 0.99x
+  / 0.93x at 128 4k / 8k: the default for causal calls of at most 2048 keys at head
+  dims 64 and 128 (HEAD_ROUNDS).
   As the default at 0ac7980 (`results/mosaic-0ac7980/fa-mosaic-causal-short-fwd.jsonl`,
   beside the three peers): 290.9 / 354.0 at head dim 64 1k / 2k against cuDNN's 262.7 /
   332.1 (1.11x / 1.07x), 377.5 / 471.8 at 128 against tokamax's 354.8 / 443.5 (1.06x /
@@ -349,12 +350,13 @@ class MosaicConfig:
       the key tiles of 132 different heads, and a head's next query tile comes back to
       them only once every head has had its turn: at head dim 64 causal 1k (16 x 32
       heads of 256 KiB of K and V) that is 128 MiB between a head's reads against 50 MiB
-      of L2, so each item reads its K and V from HBM: by a count of bytes about 4.5x
-      those of the grid of one CTA per item (an estimate, not profiled), whose launch
-      order (the grid's last axis, batch, fastest, then query tiles, then heads: Mosaic
-      GPU maps it to blockIdx.x) keeps about one head's, 4 MiB there, in use. In head
-      order a round's 132 items take about 16 (batch, head) pairs' K and V. The
-      items' work is the same, in another order: the same bits. Without a causal mask
+      of L2, so each item reads its K and V from HBM: 4.0x the compulsory fetches by
+      launch_sim.forward_kv_fetches (a model), 1.0x for the grid of one CTA per item,
+      whose launch order (the grid's last axis, batch, fastest, then query tiles, then
+      heads: Mosaic GPU maps it to blockIdx.x) keeps about one head's, 4 MiB there, in
+      use. In head order a round's 132 items take about 16 (batch, head) pairs' K and
+      V (1.0x by the model). The items' work is the same, in another order: the same
+      bits. Without a causal mask
       the persistent order is head order already, and this changes nothing. Not with
       split_tail (whose pieces assume the plain orders). On in the causal rows of at
       most 2048 keys at head dims 64 and 128 (HEAD_ROUNDS: 1.05-1.15x the grid of one
