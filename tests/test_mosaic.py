@@ -273,6 +273,7 @@ def test_interpret_never_reads_skipped_tiles():
         pytest.param("overlap", marks=pytest.mark.extended),
         "persistent",
         "persistent-h256",
+        "heads",  # the short causal rows' schedule (HEAD_ROUNDS): head order, early Q loads
         # Options that are off run in the extended tier; split_tail is in the head-dim-64
         # non-causal default (SPLIT_TAIL_64), so its race check runs in CI.
         pytest.param("early-q", marks=pytest.mark.extended),
@@ -295,7 +296,9 @@ def test_interpret_finds_no_data_race(schedule):
     last softmax and P V run and its logsumexp is stored; with split_tail, the last of
     the 4 items in pieces over the 3 CTAs, each piece's logsumexp leaving through the
     same buffer as a whole item's; with qk_behind_pv (persistent), each K slot is read
-    by the next Q K^T before the V slot of the tile before it is released."""
+    by the next Q K^T before the V slot of the tile before it is released; with
+    head_rounds and early_q_load (the short causal default), the items in the table's
+    order, each next Q loaded into its buffer while O leaves through its own."""
     from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks  # no public accessor
 
     params = plgpu.InterpretGPUParams(detect_races=True)
@@ -304,6 +307,7 @@ def test_interpret_finds_no_data_race(schedule):
     flags = {
         "overlap": {"intra_overlap": True},
         "persistent": {"persistent": True},
+        "heads": {"persistent": True, "head_rounds": True, "early_q_load": True},
         "multicast": {"kv_multicast": True},
         "early": {"persistent": True, "early_q_load": True, "o_from_registers": True},
         "split": {"persistent": True, "split_tail": True},
