@@ -231,10 +231,15 @@ def l2_rereads(
     a count of distances between a tile's reads, not of their time on the GPU."""
     _, _, steps = _fused_walks(config, t, b, n, k, causal, cta_steps, add_steps)
     size = config.block_q_dkv * padded_head_dim(head_dim) * (n // k) * bwd_config.QUERY_SIDE_BYTES
+    return _lru_fetches([(h, e, tile) for _, h, e, tile in sorted(steps)], size, l2_bytes)
+
+
+def _lru_fetches(reads, size: int, l2_bytes: int) -> float:
+    """Fetches from HBM over the compulsory of `reads` (keys, in order, each `size` bytes)
+    through an L2 of `l2_bytes` kept least-recently-used."""
     held: OrderedDict = OrderedDict()
     fetched = 0
-    for _, h, e, tile in sorted(steps):
-        key = (h, e, tile)
+    for key in reads:
         if key in held:
             held.move_to_end(key)
             continue
@@ -242,7 +247,7 @@ def l2_rereads(
         held[key] = None
         if len(held) * size > l2_bytes:
             held.popitem(last=False)
-    return fetched / len({(h, e, tile) for _, h, e, tile in steps})
+    return fetched / len(set(reads))
 
 
 def forward_kv_fetches(
@@ -297,17 +302,7 @@ def forward_kv_fetches(
                     start, sm = heapq.heappop(free)
                     heapq.heappush(free, (walk(start, e, h, q), sm))
     size = 2 * config.block_kv * padded_head_dim(head_dim) * 2
-    held: OrderedDict = OrderedDict()
-    fetched = 0
-    for _, _, key in sorted(events):
-        if key in held:
-            held.move_to_end(key)
-            continue
-        fetched += 1
-        held[key] = None
-        if len(held) * size > l2_bytes:
-            held.popitem(last=False)
-    return fetched / len({key for _, _, key in events})
+    return _lru_fetches([key for _, _, key in sorted(events)], size, l2_bytes)
 
 
 def report(
