@@ -463,14 +463,18 @@ def test_split_tail_even_pieces_only_where_they_gain():
     [
         Case(2, 300, 300, 2, 1, 64, BF16, causal=True, kv_lens=(300, 170)),
         INTERPRET_CASES[4],  # ragged query and key lengths
+        INTERPRET_CASES[2],  # bottom-right alignment: rows that see no key
+        INTERPRET_CASES[5],  # a window under the causal mask
+        INTERPRET_CASES[10],  # segment ids, T != S
     ],
     ids=lambda c: c.id,
 )
 @pytest.mark.parametrize("ranges", [False, True], ids=["entry", "order-ranges"])
 def test_interpret_head_rounds_changes_no_bit(case, ranges):
-    """head_rounds hands the persistent causal grid's items out in head order (12 and 8
-    items on the 3 interpret CTAs, each round's longest first): another order of the same
-    items, so the reference passes and the tile-major grid's bits come back; with
+    """head_rounds hands the persistent causal grid's items out in head order (4-12 items
+    on the 3 interpret CTAs, each round's longest first; ragged lengths, rows that see no
+    key, a window, segment ids): another order of the same items, so the reference
+    passes and the tile-major grid's bits come back; with
     order_ranges, each item's key range and lengths read from its row of the table."""
     config = dataclasses.replace(SMALL, persistent=True)
     changed = dataclasses.replace(config, head_rounds=True, order_ranges=ranges)
