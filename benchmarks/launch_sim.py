@@ -58,6 +58,16 @@ def causal_key_tiles(first_row: int, rows: int, block_kv: int, s: int, causal: b
     return min(_ceil(first_row + rows, block_kv), _ceil(s, block_kv))
 
 
+def _item_coords(w: int, order, n: int, b: int, tiles: int, causal: bool):
+    """(batch, head, query tile) of persistent item w, as `fwd_kernel.item_at` has it:
+    through head_rounds' table `order` where there is one, else the plain orders."""
+    if order is not None:
+        coords = pipeline.head_rounds_coords(int(order[w]), n, tiles)
+    else:
+        coords = split_tail.item_coords(w, n, b, tiles, causal)
+    return tuple(int(x) for x in coords)
+
+
 def forward_costs(config, t: int, b: int, n: int, causal: bool, cta_steps: float):
     """The forward's CTAs' costs in launch order, or, persistent, each CTA's summed items
     (`fwd_kernel.item_at`: causal items bottom query tiles first, tile-major when
@@ -76,17 +86,16 @@ def forward_costs(config, t: int, b: int, n: int, causal: bool, cta_steps: float
     key_tiles = _ceil(t, config.block_kv)
     tail = split_tail.plan(items, ctas, key_tiles) if config.split_tail else None
     # head_rounds (causal): the items' table, each entry a pair's tile from the bottom.
-    order = pipeline.head_rounds_order(n * b, tiles, ctas) if config.head_rounds else None
+    order = None
+    if config.head_rounds and causal:
+        order = pipeline.head_rounds_order(n * b, tiles, ctas)
     per_cta = [0.0] * ctas
     for cta in range(ctas):
         i = 0
         while (w := int(pipeline.persistent_item(cta, i, ctas, snake=causal))) < items:
             if tail is not None and i == tail.rounds:
                 break  # split_tail: the last round goes in pieces (below)
-            if causal and order is not None:
-                q = tiles - 1 - int(order[w]) % tiles
-            else:
-                q = split_tail.item_coords(w, n, b, tiles, causal)[2]  # fwd_kernel's item_at
+            q = _item_coords(w, order, n, b, tiles, causal)[2]
             per_cta[cta] += cost(q) + cta_steps
             i += 1
         for item, lo, hi, valid in tail.pieces[cta] if tail is not None else ():
@@ -275,7 +284,8 @@ def forward_kv_fetches(
 
     def walk(start: float, e: int, h: int, q: int) -> float:
         steps = causal_key_tiles(q * rows, rows, config.block_kv, t, causal)
-        events.extend((start + j, len(events) + j, (e, h, j)) for j in range(steps))
+        first = len(events)  # ties in start time keep the order the steps were walked
+        events.extend((start + j, first + j, (e, h, j)) for j in range(steps))
         return start + steps + cta_steps
 
     if config.persistent:
@@ -287,11 +297,7 @@ def forward_kv_fetches(
         for cta in range(ctas):
             clock, i = 0.0, 0
             while (w := int(pipeline.persistent_item(cta, i, ctas, snake=causal))) < items:
-                if order is None:
-                    e, h, q = (int(x) for x in split_tail.item_coords(w, n, b, tiles, causal))
-                else:  # the table's entry: a (batch, head) pair's tile from the bottom
-                    pair, from_bottom = divmod(int(order[w]), tiles)
-                    (e, h), q = divmod(pair, n), tiles - 1 - from_bottom
+                e, h, q = _item_coords(w, order, n, b, tiles, causal)
                 clock = walk(clock, e, h, q)
                 i += 1
     else:  # grid (heads, query tiles, batch), the last axis fastest, bottom tiles first

@@ -328,6 +328,14 @@ def head_rounds_order(pairs: int, num_q_tiles: int, num_ctas: int) -> np.ndarray
     return np.argsort(key, kind="stable").astype(np.int32)
 
 
+def head_rounds_coords(entries, heads: int, num_q_tiles: int):
+    """(batch, head, query tile) of head_rounds' table entries (numpy, a scalar or an
+    array): `fwd_kernel.item_at`'s decoding, on the host."""
+    pair, from_bottom = np.divmod(entries, num_q_tiles)
+    b, h = np.divmod(pair, heads)
+    return b, h, num_q_tiles - 1 - from_bottom
+
+
 # order_ranges: the columns of a row of the order table (order_rows).
 ORDER_COLS = ("item", "lo", "full_lo", "full_hi", "hi", "q_len", "kv_len", "pad")
 
@@ -337,8 +345,7 @@ def order_rows(order: np.ndarray, ranges, q_len, kv_len, heads: int, num_q_tiles
     order_ranges): int32 [items, 8], ORDER_COLS, gathered from `ranges` [B, tiles, 4]
     and the lengths [B] before the kernel, so that a CTA starting an item waits on one
     row's loads rather than the entry's and then, indexed by it, the range's."""
-    pair, from_bottom = np.divmod(order, num_q_tiles)
-    b, tile = pair // heads, num_q_tiles - 1 - from_bottom
+    b, _, tile = head_rounds_coords(order, heads, num_q_tiles)
     cols = [
         jnp.asarray(order)[:, None],
         ranges[b, tile],
