@@ -775,7 +775,7 @@ def default_mosaic_config(
         # comment), where it may be causal.
         short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS
         short_causal = short and causal is True
-        persistent = causal is False or (short and HEAD_ROUNDS) or (short and causal is None)
+        persistent = causal is False or (short and (causal is None or HEAD_ROUNDS))
         return MosaicConfig(
             block_q=64,
             block_kv=128 if short_causal else 256,
@@ -797,8 +797,8 @@ def default_mosaic_config(
         # Persistent when not causal: 1.06x / 1.06x / 1.00x / 1.01x at 1k / 2k / 8k /
         # 16k; causal 0.90-0.98x tile-major (module docstring), but in head order with
         # early Q loads at up to 2048 keys (HEAD_ROUNDS' comment).
-        short_causal = causal is True and seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS
-        short_causal = short_causal and HEAD_ROUNDS
+        short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS
+        short_causal = HEAD_ROUNDS and short and causal is True
         return MosaicConfig(
             block_q=64,
             block_kv=128,
