@@ -339,9 +339,11 @@ def report(
     units = "items on 132 CTAs" if fwd.persistent else "CTAs"
     items = n * _ceil(seq, fwd.consumers * fwd.block_q) * b
     line = f"h{head_dim} n{n} {'causal' if causal else 'full  '} {seq:>5}: fwd {items} {units}"
-    # A persistent row whole and split (whichever the default is: SPLIT_TAIL_64).
+    # A persistent row whole and split (whichever the default is: SPLIT_TAIL_64); a row
+    # in head order (head_rounds, whose table the split's pieces do not follow) whole.
     whole = dataclasses.replace(fwd, split_tail=False)
-    split = (dataclasses.replace(fwd, split_tail=True),) if fwd.persistent else ()
+    splits = fwd.persistent and not fwd.head_rounds
+    split = (dataclasses.replace(fwd, split_tail=True),) if splits else ()
     for config in (whole, *split):
         costs = forward_costs(config, seq, b, n, causal, cta_steps)
         work, end = fill(costs) if not config.persistent else (sum(costs), max(costs))

@@ -9,6 +9,7 @@ import os
 import pathlib
 import shutil
 import subprocess
+import sys
 import tarfile
 
 import pytest
@@ -300,7 +301,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"1": 0, "2": 3}
+_CALL_VARIANTS = {"1": 0}
 
 
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
@@ -339,11 +340,34 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
     stalls = [c for c in calls if "-m benchmarks.stall_sites" in c]
     if call == "1":  # the defaults beside the three peers (a process a mask)
         assert len(benches) == 3 and all("jax:mosaic_fa3" in c for c in benches)
-        assert [_option(c, "--seqs") for c in benches] == ["1024,2048,8192"] * 2 + ["1024,2048"]
+        seqs = [_option(c, "--seqs") for c in benches]
+        assert seqs == ["1024,2048,4096,8192"] * 2 + ["1024,2048"]
         assert [_option(c, "--head-dims") for c in benches] == ["64", "64", "128"]
-    if call == "2":  # head order at 4k beside the default, then the forward's profile
-        assert [_option(c, "--seqs") for c in benches[:2]] == ["1024,2048,4096"] * 2
-        assert [_option(c, "--pass") for c in stalls] == ["fwd"]
+        assert not stalls
+
+
+def test_next_calls_compiled_tests_select_the_new_row(next_calls):
+    """Call 2 runs the compiled Mosaic tests whose ids its -k names, and that expression
+    selects head order's test on the row of 4096 keys for every causal case and the
+    defaults' test at head dim 64 (collected here, not run: they need the GPU)."""
+    proc, calls, _ = next_calls("2")
+    assert proc.returncode == 0, proc.stderr
+    line = _one(calls, "-m pytest -m gpu tests/test_mosaic.py")
+    expression = line.split(" -k ", 1)[1]
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+        + ["-m", "gpu", "tests/test_mosaic.py", "-k", expression],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout.splitlines()
+    ids = [i for i in collected if "::" in i]
+    rows = [i for i in ids if "test_gpu_head_rounds_changes_no_bit" in i]
+    defaults = [i for i in ids if "test_gpu_default_for_the_call_matches_reference" in i]
+    assert len(rows) == len(ids) - len(defaults) >= 10, ids
+    assert all("4k-row" in i for i in rows) and all("h64" in i for i in defaults), ids
+    assert any("s4096" in i and "causal" in i for i in defaults), defaults
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):

@@ -26,6 +26,7 @@ from pallas_flash.logits import Logits
 from pallas_flash.mosaic import forward as mosaic_forward
 from pallas_flash.mosaic import support
 from pallas_flash.mosaic.config import (
+    HEAD_ROUNDS_MAX_KEYS_64,
     OVERLAP_REPLACES,
     WITHOUT_PERSISTENT,
     MosaicConfig,
@@ -331,7 +332,9 @@ def test_interpret_default_for_the_call(head_dim, causal):
     next Q loaded early: 16 items on the 3 interpret CTAs), 256 non-causal (persistent,
     O through Q's buffer) and 64 non-causal (persistent, 256-key tiles, the row sums on
     the tensor cores, the last round in pieces). P from shared memory (the
-    interpreter's form)."""
+    interpreter's form; with it the head-dim-64 causal row of 2049-4096 keys, 256-key
+    tiles with early Q loads, has no room for O's buffer, so that row is checked
+    compiled: test_gpu_head_rounds_changes_no_bit)."""
     case = Case(2, 130, 300, 4, 2, head_dim, BF16, causal=causal, kv_lens=(300, 170))
     config = default_mosaic_config(head_dim, case.seq_kv, causal)
     assert config.persistent
@@ -533,11 +536,14 @@ def test_gpu_early_q_load_changes_no_bit(case, flags):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [c for c in GPU_CASES if c.causal], ids=lambda c: c.id)
-def test_gpu_head_rounds_changes_no_bit(case):
+@pytest.mark.parametrize("row_keys", [None, HEAD_ROUNDS_MAX_KEYS_64], ids=["call", "4k-row"])
+def test_gpu_head_rounds_changes_no_bit(case, row_keys):
     """head_rounds compiled on the call's default row made persistent (with early Q
-    loads where O has a buffer of its own): the causal items in head order, the same
-    items' work, so the tile-major grid's bits, and the reference passes."""
-    row = default_mosaic_config(case.head_dim, case.seq_kv, True)
+    loads where O has a buffer of its own), and on the row of 4096 keys (at head dim 64
+    the causal default there, with 256-key tiles; at 128 the one-CTA-per-item row with
+    its conditional rescale): the causal items in head order, the same items' work, so
+    the tile-major grid's bits, and the reference passes."""
+    row = default_mosaic_config(case.head_dim, row_keys or case.seq_kv, True)
     hp = padded_head_dim(case.head_dim)
     tile_major = dataclasses.replace(
         row,

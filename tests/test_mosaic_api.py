@@ -215,19 +215,21 @@ def test_forward_defaults_fit_in_shared_memory(head_dim, seq_k, causal):
 
 def test_default_is_persistent_only_where_measured_faster():
     """Head dim 64 (33-64 padded) when not causal (1.05-1.13x up to 2048 keys,
-    1.02-1.03x from 4k to 16k; causal, 0.81x at 4k, and at 2k its 128-key tiles ran 1.05x
-    without it), head dim 128 when not causal (1.00-1.06x) and head dim 256 when not
+    1.02-1.03x from 4k to 16k) and causal up to 4096 keys in head order (tile-major 0.81x
+    at 4k; head order 1.02-1.05x there, 0.97x at 8k), head dim 128 when not causal
+    (1.00-1.06x) or causal up to 2048 keys in head order, and head dim 256 when not
     causal up to 16384 keys (1.01-1.05x); slower at 128 and 256 causal, and not timed at
     256 beyond 16k (mosaic/config.py). Causal None (not known): only what wins both
     ways."""
     for head_dim, seq_k, causal, want in [
         (64, 1, None, True),
         (48, 2048, True, True),  # causal up to 2048 keys: in head order (head_rounds)
-        (48, 4096, True, False),
+        (48, 4096, True, True),  # at head dim 64 up to 4096 (HEAD_ROUNDS_MAX_KEYS_64)
+        (48, 4097, True, False),
         (48, 2048, False, True),
         (64, 2049, False, True),
         (64, None, False, True),
-        (64, 4096, True, False),
+        (64, 8192, True, False),
         (64, 4096, None, False),
         (64, None, None, False),
         (32, 1024, False, True),  # padded to 64: the same kernel and tiles
@@ -259,11 +261,13 @@ def test_default_is_persistent_only_where_measured_faster():
 
 def test_default_block_kv_at_head_dim_64():
     """256-key tiles, except causal up to 2048 keys (1.11x / 1.04x with 128 at 1k / 2k;
-    256 is 1.07x ahead at 8k): mosaic/config.py."""
+    256 is 1.07x ahead at 8k): mosaic/config.py. In head order at 4096 keys too, with
+    256-key tiles (the row HEAD_ROUNDS_MAX_KEYS_64 extends was timed with them)."""
     for seq_k, causal, want in [
         (1024, True, 128),
         (2048, True, 128),
         (2049, True, 256),
+        (4096, True, 256),
         (None, True, 256),
         (1024, False, 256),
         (1024, None, 256),  # not known: what wins both ways
@@ -285,7 +289,7 @@ def test_api_default_follows_the_call(monkeypatch):
         return q, jnp.zeros((q.shape[0], q.shape[2], q.shape[1]), jnp.float32)
 
     monkeypatch.setattr(vjp, "attention", caught)
-    for head_dim, seq_k, causal in [(128, 512, False), (128, 512, True), (64, 4096, True)]:
+    for head_dim, seq_k, causal in [(128, 512, False), (128, 512, True), (64, 8192, True)]:
         q = jnp.zeros((1, 256, 2, head_dim), BF16)
         k = jnp.zeros((1, seq_k, 2, head_dim), BF16)
         pallas_flash.flash_attention(q, k, k, is_causal=causal, implementation="mosaic")

@@ -7,8 +7,9 @@ Default-config table (16-bit inputs; head dim padded up to a multiple of 64):
 | head dim (padded) | rows per warpgroup x block_kv | stages | shared memory (bytes) |
 |-------------------|-------------------------------|--------|-----------------------|
 | 64                | 64 x 256, early K wait        | 2      | 151,128 (bound)       |
-| 64, not causal    | the same, persistent, last round split by keys | 2 | 167,512 (bound) |
+| 64, not causal    | the same, persistent, last round split by keys | 2 | 175,704 (bound) |
 | 64, keys <= 2048, causal | 64 x 128, early K wait, persistent, head order | 2 | 101,976 (bound) |
+| 64, keys 2049-4096, causal | 64 x 256, the same        | 2      | 167,512 (bound)       |
 | 128, causal       | 64 x 128, early K wait        | 2      | 167,000               |
 | 128, keys <= 2048, causal | the same, persistent, head order | 2 | 200,280 (bound) |
 | 128, not causal   | the same, persistent          | 2      | 200,280 (bound)       |
@@ -121,6 +122,9 @@ gpu_run.sh step `sweep-mosaic:HD:fwd`; B=2, T=S=8k, bf16; TFLOP/s non-causal / c
   beside the three peers): 290.9 / 354.0 at head dim 64 1k / 2k against cuDNN's 262.7 /
   332.1 (1.11x / 1.07x), 377.5 / 471.8 at 128 against tokamax's 354.8 / 443.5 (1.06x /
   1.06x).
+  At head dim 64 causal 4k (256-key tiles) again at 7e1026e, in two processes: 1.03x /
+  1.05x the one-CTA-per-item row (`results/mosaic-7e1026e/`), so the head-dim-64 causal
+  rows take it up to 4096 keys (HEAD_ROUNDS_MAX_KEYS_64); at 8k 0.97x.
 Starting points came from JAX's own Mosaic FA3
 (`jax/experimental/pallas/ops/gpu/attention_mgpu.py`), whose benchmark keeps 64 query
 rows per warpgroup and two K/V stages and takes the first block_kv of 256, 128, 64 that
@@ -748,6 +752,15 @@ PERSISTENT_MAX_KEYS = 2048
 # a CTA's fixed costs weigh little).
 HEAD_ROUNDS = True
 
+# Key lengths up to which the head-dim-64 causal row takes HEAD_ROUNDS' schedule (with
+# its 256-key tiles above PERSISTENT_MAX_KEYS). At 4096 keys, on an H100 at 7e1026e
+# (results/mosaic-7e1026e/fa-mosaic-causal-4k-head-rounds.jsonl and -4k-8k-order-ranges,
+# two processes, the order of the implementations reversed between them): 399.8 / 399.7
+# TFLOP/s against the one-CTA-per-item row's 387.4 / 380.3 (1.03x / 1.05x; 1.02x at
+# 6f8830f), cuDNN 370.8 / 366.4; at 8192 keys 425.3 against 440.0 (0.97x), and at head
+# dim 128 4096 keys 1.01x / 0.98x: so 4096, at head dim 64 only.
+HEAD_ROUNDS_MAX_KEYS_64 = 4096
+
 
 # Key lengths up to which the head-dim-192/256 default is persistent when not causal
 # (measured at 1k, 2k, 4k, 8k and 16k).
@@ -772,10 +785,17 @@ def default_mosaic_config(
         # Row sums on the tensor cores when not causal (ROW_SUM_WGMMA_64's comment), and
         # the last round split by keys (SPLIT_TAIL_64's). Causal at short lengths since
         # the 54th session: persistent in head order with early Q loads (HEAD_ROUNDS'
-        # comment), where it may be causal.
+        # comment), where it may be causal; causal, up to 4096 keys since the 55th
+        # (HEAD_ROUNDS_MAX_KEYS_64's comment), with 256-key tiles above 2048.
         short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS
         short_causal = short and causal is True
-        persistent = causal is False or (short and (causal is None or HEAD_ROUNDS))
+        head_order = (
+            HEAD_ROUNDS
+            and causal is True
+            and seq_k is not None
+            and seq_k <= HEAD_ROUNDS_MAX_KEYS_64
+        )
+        persistent = causal is False or head_order or (short and causal is None)
         return MosaicConfig(
             block_q=64,
             block_kv=128 if short_causal else 256,
@@ -786,7 +806,7 @@ def default_mosaic_config(
             named_turns=NAMED_TURNS_DEFAULT,
             row_sum_wgmma=ROW_SUM_WGMMA_64 and causal is False,
             split_tail=SPLIT_TAIL_64 and causal is False,
-            early_q_load=short_causal and HEAD_ROUNDS,
+            early_q_load=head_order,
             head_rounds=persistent and causal is not False and HEAD_ROUNDS,
         )
     # The conditional rescale above head dim 64, but not for short causal calls (at
