@@ -372,8 +372,11 @@ class MosaicConfig:
       then the range and lengths it indexes): compiled for the H200 the head-dim-64
       causal 1k default's item start has the entry's LDG, then the range's LDG.128 and
       the lengths' two LDGs behind it; the tile-major order computes its item and has
-      only the second. The same items, bounds and bits. Not yet timed (about 0.2-0.5 us
-      an item of 8-9 us at head dim 64 causal 1k, if an L2 hit's round trip).
+      only the second. The same items, bounds and bits. Off: on an H100 at 7e1026e
+      (results/mosaic-7e1026e/, two processes) 0.99x / 1.00x / 1.01x / 0.98x head
+      order without it at head dim 64 causal 1k / 2k / 4k (twice), 1.01x / 1.00x /
+      1.03x / 1.02x at 128, at 8k 1.02x / 1.00x: within a run's spread of each other
+      but at head dim 128 4k, where head order itself is not the default.
     early_q_load: persistent, each consumer loads its next item's Q as soon as this
       item's last Q K^T has been read (the tile loop's last step) rather than in the
       epilogue, so that the load's latency hides behind that step's softmax and P V
