@@ -90,7 +90,8 @@ gpu_run.sh step `sweep-mosaic:HD:fwd`; B=2, T=S=8k, bf16; TFLOP/s non-causal / c
   fa-mosaic-{64-true,256-false}-variants.jsonl`; B x T = 16k, bf16, forward TFLOP/s):
   - Head dim 64 causal 2k: the 128-key row without the persistent grid ran 327.4 against
     its persistent 309.3 (1.06x; JAX's Mosaic FA3 330.2, cuDNN 327.1), 256-key tiles
-    281.0; so at 2048 keys and below a causal call at head dim 64 takes one CTA per item.
+    281.0; so at 2048 keys and below a causal call at head dim 64 took one CTA per item
+    (tile-major; in head order the persistent grid won there since, HEAD_ROUNDS).
   - Head dim 256 non-causal 16k: persistent ran 639.1 against 615.7 (1.04x; cuDNN
     652.0), so PERSISTENT_MAX_KEYS_256 reaches 16384.
   Both as defaults at 61a3ad1 (`results/mosaic-61a3ad1/fa-mosaic-64-true-short.jsonl`,
@@ -364,7 +365,8 @@ class MosaicConfig:
       the persistent order is head order already, and this changes nothing. Not with
       split_tail (whose pieces assume the plain orders). On in the causal rows of at
       most 2048 keys at head dims 64 and 128 (HEAD_ROUNDS: 1.05-1.15x the grid of one
-      CTA per item there, on an H100).
+      CTA per item there, on an H100) and of 2049-4096 keys at head dim 64
+      (HEAD_ROUNDS_MAX_KEYS_64: 1.03-1.05x).
     order_ranges: with head_rounds, each row of the items' table also holds the item's
       key tiles (lo, full_lo, full_hi, hi) and its batch element's lengths, gathered
       before the kernel (pipeline.order_rows), so that a consumer starting an item waits
