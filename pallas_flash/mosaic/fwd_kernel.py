@@ -32,6 +32,8 @@ from pallas_flash.mosaic.pipeline import (
     PingPong,
     drain_ring,
     element_mask,
+    head_rounds_coords,
+    lax_divmod,
     persistent_item,
     persistent_item_count,
     piece_range,
@@ -148,9 +150,7 @@ def fwd_kernel(
             b, h, t = (lax.axis_index(name) for name in ("batch", "heads", "q_tiles"))
         elif order_ref is not None:  # head_rounds: head order, from the table
             w = order_ref[order_row(i), 0] if order_rows else order_ref[order_row(i)]
-            rest, from_bottom = lax.div(w, num_q_tiles), lax.rem(w, num_q_tiles)
-            b, h = lax.div(rest, heads), lax.rem(rest, heads)
-            return b, h, num_q_tiles - 1 - from_bottom
+            return head_rounds_coords(w, heads, num_q_tiles, divmod=lax_divmod)
         else:
             w = item_index(i)
             if spec.causal:  # tile-major: every (batch, head)'s bottom tile first

@@ -328,11 +328,17 @@ def head_rounds_order(pairs: int, num_q_tiles: int, num_ctas: int) -> np.ndarray
     return np.argsort(key, kind="stable").astype(np.int32)
 
 
-def head_rounds_coords(entries, heads: int, num_q_tiles: int):
-    """(batch, head, query tile) of head_rounds' table entries (numpy, a scalar or an
-    array): `fwd_kernel.item_at`'s decoding, on the host."""
-    pair, from_bottom = np.divmod(entries, num_q_tiles)
-    b, h = np.divmod(pair, heads)
+def lax_divmod(a, b):
+    """np.divmod's pair for the kernels' non-negative int32 scalars (lax.div, lax.rem)."""
+    return lax.div(a, b), lax.rem(a, b)
+
+
+def head_rounds_coords(entries, heads: int, num_q_tiles: int, divmod=np.divmod):
+    """(batch, head, query tile) of head_rounds' table entries: on the host (numpy, a
+    scalar or an array) and, with divmod=lax_divmod, in `fwd_kernel.item_at`, so that
+    the table's one encoding (head_rounds_order) has one decoding."""
+    pair, from_bottom = divmod(entries, num_q_tiles)
+    b, h = divmod(pair, heads)
     return b, h, num_q_tiles - 1 - from_bottom
 
 
