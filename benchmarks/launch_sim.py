@@ -58,6 +58,14 @@ def causal_key_tiles(first_row: int, rows: int, block_kv: int, s: int, causal: b
     return min(_ceil(first_row + rows, block_kv), _ceil(s, block_kv))
 
 
+def _head_order(config, n: int, b: int, tiles: int, ctas: int, causal: bool):
+    """head_rounds' table of the persistent items (causal; each entry a pair's tile from
+    the bottom), as the kernel gets it, or None where the plain orders hold."""
+    if config.head_rounds and causal:
+        return pipeline.head_rounds_order(n * b, tiles, ctas)
+    return None
+
+
 def _item_coords(w: int, order, n: int, b: int, tiles: int, causal: bool):
     """(batch, head, query tile) of persistent item w, as `fwd_kernel.item_at` has it:
     through head_rounds' table `order` where there is one, else the plain orders."""
@@ -85,10 +93,7 @@ def forward_costs(config, t: int, b: int, n: int, causal: bool, cta_steps: float
     ctas = min(items, H100_SMS)
     key_tiles = _ceil(t, config.block_kv)
     tail = split_tail.plan(items, ctas, key_tiles) if config.split_tail else None
-    # head_rounds (causal): the items' table, each entry a pair's tile from the bottom.
-    order = None
-    if config.head_rounds and causal:
-        order = pipeline.head_rounds_order(n * b, tiles, ctas)
+    order = _head_order(config, n, b, tiles, ctas, causal)
     per_cta = [0.0] * ctas
     for cta in range(ctas):
         i = 0
@@ -291,9 +296,7 @@ def forward_kv_fetches(
     if config.persistent:
         items = n * tiles * b
         ctas = min(items, H100_SMS)
-        order = None
-        if config.head_rounds and causal:
-            order = pipeline.head_rounds_order(n * b, tiles, ctas)
+        order = _head_order(config, n, b, tiles, ctas, causal)
         for cta in range(ctas):
             clock, i = 0.0, 0
             while (w := int(pipeline.persistent_item(cta, i, ctas, snake=causal))) < items:

@@ -232,7 +232,7 @@ def forward(
     # head_rounds: which item each CTA walks when, from a table (causal; without the mask
     # the persistent order is head order already).
     order_inputs = ()
-    if config.persistent and config.head_rounds and spec.causal:
+    if config.head_rounds and spec.causal:  # persistent (MosaicConfig checks it)
         order = head_rounds_order(B * N, num_q_tiles, num_ctas)
         if config.order_ranges:  # each item's key range and lengths in its row
             table = order_rows(order, ranges, q_len, kv_len, N, num_q_tiles)
