@@ -301,7 +301,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"1": 0}
+_CALL_VARIANTS = {"1": 0, "3": 0}
 
 
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
@@ -344,6 +344,15 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
         assert seqs == ["1024,2048,4096,8192"] * 2 + ["1024,2048"]
         assert [_option(c, "--head-dims") for c in benches] == ["64", "64", "128"]
         assert not stalls
+    if call == "3":  # head dim 128 from 2k beside the three peers, non-causal then causal
+        assert len(benches) == 2 and all("jax:mosaic_fa3" in c for c in benches)
+        assert [_option(c, "--seqs") for c in benches] == [
+            "2048,4096,8192,16384",
+            "4096,8192,16384",
+        ]
+        assert [_option(c, "--head-dims") for c in benches] == ["128", "128"]
+        assert [_option(c, "--causal") for c in benches] == ["false", "true"]
+        assert not stalls
 
 
 def test_next_calls_compiled_tests_select_the_new_row(next_calls):
@@ -371,5 +380,5 @@ def test_next_calls_compiled_tests_select_the_new_row(next_calls):
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):
-    proc, calls, _ = next_calls("3")
-    assert proc.returncode == 2 and "no call 3" in proc.stderr and not calls
+    proc, calls, _ = next_calls("4")
+    assert proc.returncode == 2 and "no call 4" in proc.stderr and not calls
