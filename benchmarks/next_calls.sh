@@ -36,10 +36,10 @@ case $call in
     MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=200 \
       MOSAIC_TESTS_K="(head_rounds_changes_no_bit and 4k-row) or (default_for_the_call_matches_reference and h64)" \
       bash $G "$C" mosaic-tests ;;
-  3) # (H) the head-dim-128 forward beside the three peers from 2k, where the H200's cells
-    # (runs p, q, u) predate the early Q loads and the 54th and 55th sessions' runs on an
-    # H100 (1.03-1.07x the best peer at 4k, 0.99-1.03x at 8k): not causal 2k-16k, causal
-    # 4k-16k (1k and 2k causal are call 1's).
+  3) # (H) the head-dim-128 forward beside the three peers from 2k, a second sample of the
+    # H200's cells there (runs p, q, u, of 12-04 and 12-05: 1.00-1.04x), whose rows have
+    # not changed since but for refactors; on an H100 at 210d63e 1.03-1.06x at 4k and
+    # 0.99-1.03x at 8k: not causal 2k-16k, causal 4k-16k (1k and 2k causal are call 1's).
     FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,$PEERS timeout 290 \
       bash $G "$C" mosaic-fa:128:false
     keep fa-mosaic-128-false-fwd-2k-16k
