@@ -103,7 +103,7 @@ def forward_costs(config, t: int, b: int, n: int, causal: bool, cta_steps: float
             q = _item_coords(w, order, n, b, tiles, causal)[2]
             per_cta[cta] += cost(q) + cta_steps
             i += 1
-        for item, lo, hi, valid in tail.pieces[cta] if tail is not None else ():
+        for item, lo, hi, valid in tail.pieces[cta, :, :4] if tail is not None else ():
             if valid:  # a piece walks its keys of the item's (all of them, not causal)
                 q = split_tail.item_coords(item, n, b, tiles, causal)[2]
                 per_cta[cta] += max(0, min(hi, cost(q)) - lo) + cta_steps

@@ -46,5 +46,19 @@ case $call in
     FA_PASSES=fwd FA_SEQS=4096,8192,16384 MOSAIC_FA_IMPLS=$M,$PEERS timeout 240 \
       bash $G "$C" mosaic-fa:128:true
     keep fa-mosaic-128-true-fwd-4k-16k ;;
-  *) echo "next_calls: no call $call (1, 2 or 3)" >&2; exit 2 ;;
+  4) # (any card) tail_fixup, split_tail's pieces merged in the kernel: its compiled
+    # tests (each split_tail case, XLA's merge and the kernel's), then the head-dim-128
+    # non-causal forward, the default beside split_tail with each merge and the three
+    # peers (on the H200 also a third sample of the default's cells there), and head
+    # dim 64 non-causal (split_tail in its row) with the fix-up beside it.
+    MOSAIC_TESTS_WORKERS=10 MOSAIC_TESTS_TIMEOUT=200 MOSAIC_TESTS_K="split_tail_matches_reference" \
+      bash $G "$C" mosaic-tests
+    FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 \
+      MOSAIC_FA_IMPLS=$M,$M/split_tail=true,$M/split_tail=true/tail_fixup=true,$PEERS \
+      timeout 270 bash $G "$C" mosaic-fa:128:false
+    keep fa-mosaic-128-false-fixup
+    FA_PASSES=fwd FA_SEQS=2048,8192,16384 MOSAIC_FA_IMPLS=$M,$M/tail_fixup=true timeout 90 \
+      bash $G "$C" mosaic-fa:64:false
+    keep fa-mosaic-64-false-fixup ;;
+  *) echo "next_calls: no call $call (1 to 4)" >&2; exit 2 ;;
 esac

@@ -643,17 +643,22 @@ SPLIT_TAIL_GPU_CASES = [
     Case(3, 1500, 1700, 8, 8, 64, F16),
     Case(2, 1000, 800, 16, 4, 256, BF16, causal=True, bottom_right=True),
     Case(2, 2048, 2048, 8, 4, 64, BF16, window=(300, 300)),
+    # 176 items: a last round of 44 in runs of a third of an item, so an item's first
+    # piece merges two or three later ones (tail_fixup's longest waits), one K/V head.
+    Case(1, 2048, 4096, 11, 1, 128, BF16, kv_lens=(3000,)),
 ]
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fixup", [False, True], ids=["xla-merge", "fixup"])
 @pytest.mark.parametrize("case", SPLIT_TAIL_GPU_CASES, ids=lambda c: c.id)
-def test_gpu_split_tail_matches_reference(case):
-    """split_tail compiled on the call's row made persistent: the reference's
-    tolerance, the unsplit grid's result within float32 merging, the same bits twice."""
+def test_gpu_split_tail_matches_reference(case, fixup):
+    """split_tail compiled on the call's row made persistent, its pieces merged after the
+    kernel or in it (tail_fixup): the reference's tolerance, the unsplit grid's result
+    within float32 merging, the same bits twice."""
     row = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
     whole = dataclasses.replace(row, persistent=True)
-    split = dataclasses.replace(whole, split_tail=True)
+    split = dataclasses.replace(whole, split_tail=True, tail_fixup=fixup)
     _compare(case, split, interpret=False, seed=seed_of(case))
     o, lse = _mosaic(case, split, False, seed_of(case))
     o_whole, lse_whole = _mosaic(case, whole, False, seed_of(case))

@@ -95,6 +95,8 @@ def test_forward_config_validation():
         MosaicConfig(qk_behind_pv=True)
     with pytest.raises(ValueError, match="split_tail .* needs persistent"):
         MosaicConfig(split_tail=True)
+    with pytest.raises(ValueError, match="tail_fixup .* needs split_tail"):
+        MosaicConfig(persistent=True, tail_fixup=True)
     for flags in (dict(), dict(persistent=True, split_tail=True)):
         with pytest.raises(ValueError, match="head_rounds .* needs persistent, and not split"):
             MosaicConfig(head_rounds=True, **flags)

@@ -333,7 +333,7 @@ def test_split_tail_plan_covers_each_tail_key_tile_once(items, ctas, tiles):
     runs = []
     for cta in range(ctas):
         run = 0
-        for item, lo, hi, valid in tail.pieces[cta]:
+        for item, lo, hi, valid in tail.pieces[cta, :, :4]:
             if valid:
                 assert 0 <= lo < hi <= tiles
                 seen.update((int(item), t) for t in range(lo, hi))
@@ -344,6 +344,30 @@ def test_split_tail_plan_covers_each_tail_key_tile_once(items, ctas, tiles):
     for n in range(len(tail.items)):
         firsts = [tail.pieces[c, s, 1] for (c, s), v in zip(tail.parts[n], tail.valid[n]) if v]
         assert firsts == sorted(firsts) and firsts[0] == 0
+
+
+@pytest.mark.parametrize(
+    "items,ctas,tiles", [(8, 3, 5), (4, 3, 5), (2048, 132, 16), (2048, 132, 64), (4096, 132, 32)]
+)
+def test_split_tail_plan_orders_the_fixup(items, ctas, tiles):
+    """tail_fixup's columns: each split item's pieces numbered 0, 1, ... in key order
+    with their count and the item's index; an item's first piece (key tile 0) is the
+    last its CTA walks, and each later one the first its CTA walks, so a first piece
+    awaits only pieces their CTAs walk before anything that waits: no CTA waits on one
+    that waits."""
+    tail = split_tail.plan(items, ctas, tiles)
+    col = {name: c for c, name in enumerate(split_tail.PIECE_COLS)}
+    for n in range(len(tail.items)):
+        mine = [tuple(p) for p, v in zip(tail.parts[n], tail.valid[n]) if v]
+        for k, (cta, slot) in enumerate(mine):
+            row = tail.pieces[cta, slot]
+            assert (row[col["item"]], row[col["exists"]]) == (tail.items[n], 1)
+            assert (row[col["n"]], row[col["k"]], row[col["count"]]) == (n, k, len(mine))
+            last = slot == 1 or not tail.pieces[cta, 1, col["exists"]]
+            if k == 0:
+                assert row[col["first"]] == 0 and last
+            else:
+                assert slot == 0 and row[col["first"]] > 0
 
 
 def test_split_tail_plans_nothing_for_whole_rounds():
@@ -362,7 +386,7 @@ def test_split_tail_merge_is_the_softmax_over_all_keys():
     piece_o = np.zeros((3, 2, rows, h), np.float32)
     piece_lse = np.full((3, 2, rows), -np.inf, np.float32)
     for cta in range(3):
-        _, lo, hi, valid = tail.pieces[cta, 0]
+        _, lo, hi, valid = tail.pieces[cta, 0, :4]
         assert valid
         part = s[:, lo:hi]
         top = np.where(np.isfinite(part.max(1)), part.max(1), 0)[:, None]

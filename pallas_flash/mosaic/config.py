@@ -347,6 +347,16 @@ class MosaicConfig:
       64 and 128 (docs/mosaic.md, "The forward's last round split by keys"). On in
       the head-dim-64 non-causal rows (SPLIT_TAIL_64: 1.006-1.037x at 1k-16k on an
       H100); off at 128 (0.963x at 2k).
+    tail_fixup: with split_tail, the kernel merges each split item's pieces itself
+      (stream-K's fix-up, mosaic/split_tail.py) instead of XLA after it: the pieces
+      other than an item's first (each the first a CTA walks in its run) store O and
+      the logsumexp in float32 from registers and signal a global semaphore; the
+      first piece (the last its CTA walks) awaits them, merges them into its own in
+      key order and writes the item's O as a whole item does. No float32 pieces read
+      back and no merge kernels after the kernel, whose fixed cost (about 30 us in the
+      47th session's H100 runs at head dim 128: 0.963x at 2k, 1.021x at 16k) undid
+      the fill's 3 %. Compiled only: GPU interpret mode has no global semaphores, so
+      there the XLA merge stands in (the same values up to float32 rounding).
     head_rounds: persistent and causal, the items in head order (a (batch, head)'s
       query tiles together, its bottom tile first) rather than tile-major (every (batch,
       head)'s bottom tile, then every next one), each round's items sorted longest first
@@ -491,6 +501,7 @@ class MosaicConfig:
     o_from_registers: bool = False
     early_q_load: bool = False
     split_tail: bool = False
+    tail_fixup: bool = False
     head_rounds: bool = False
     order_ranges: bool = False
     poly_exp2_cols: int = 0
@@ -585,6 +596,10 @@ class MosaicConfig:
         if self.split_tail and not self.persistent:
             raise ValueError(
                 "split_tail splits a persistent grid's last round: it needs persistent"
+            )
+        if self.tail_fixup and not self.split_tail:
+            raise ValueError(
+                "tail_fixup merges split_tail's pieces in the kernel: it needs split_tail"
             )
 
     def o_buffer(self, head_dim: int, itemsize: int = 2) -> bool:
@@ -721,7 +736,7 @@ SPLIT_TAIL_64 = True
 # SPLIT_TAIL_64; early_q_load, head_rounds and order_ranges, HEAD_ROUNDS), as the tests,
 # benchmarks.lowered_ops and lowered_digest build it.
 WITHOUT_PERSISTENT = dict(
-    split_tail=False, early_q_load=False, head_rounds=False, order_ranges=False
+    split_tail=False, tail_fixup=False, early_q_load=False, head_rounds=False, order_ranges=False
 )
 
 

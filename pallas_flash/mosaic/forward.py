@@ -134,8 +134,11 @@ def forward(
         # (nor does it run inline PTX: the turns take the mbarrier there; they order work,
         # not data, so the numbers are the same)
         # Three consumers' turns go round on named barriers alone: there, no ping-pong.
+        # Nor has it global semaphores: tail_fixup's merge in the kernel becomes XLA's
+        # after it (the same values up to float32 rounding).
         config = dataclasses.replace(
             config,
+            tail_fixup=False,
             p_in_registers=False,
             q_register_cols=0,
             named_turns=False,
@@ -240,9 +243,16 @@ def forward(
             table = jnp.asarray(order)
         order_inputs = (table,)
     tail_inputs, tail_outputs = (), ()
+    fixup = tail is not None and config.tail_fixup
     if tail is not None:
         tail_inputs = (jnp.asarray(tail.pieces),)
-        shape = (num_ctas, split_tail.PIECES_PER_CTA, rows)
+        # The pieces' O and logsumexp: each CTA's (XLA merges them), or with tail_fixup
+        # each split item's pieces but its first (the first merges them in the kernel).
+        shape = (
+            (len(tail.items), max(tail.parts.shape[1] - 1, 1), rows)
+            if fixup
+            else (num_ctas, split_tail.PIECES_PER_CTA, rows)
+        )
         tail_outputs = (
             jax.ShapeDtypeStruct((*shape, hp), jnp.float32),
             jax.ShapeDtypeStruct(shape, jnp.float32),
@@ -259,6 +269,7 @@ def forward(
         num_ctas=num_ctas,
         compiled=interpret is False,
         tail_rounds=None if tail is None else tail.rounds,
+        fixup_items=len(tail.items) if fixup else 0,
         head_rounds=bool(order_inputs),
     )
     o, lse, *pieces = plgpu.kernel(
@@ -288,7 +299,7 @@ def forward(
         *tail_inputs,
         *order_inputs,
     )
-    if tail is not None:
+    if tail is not None and not fixup:
         coords = split_tail.item_coords(tail.items, N, B, num_q_tiles, spec.causal)
         o, lse = split_tail.combine(o, lse, *pieces, tail, coords, rows)
     return o[:, :T, :, :H], lse[:, :, :T]

@@ -41,6 +41,7 @@ from pallas_flash.mosaic.pipeline import (
     stream_kv_tiles,
 )
 from pallas_flash.mosaic.softmax import online_softmax, warp_any
+from pallas_flash.mosaic.split_tail import PIECE_COLS
 
 # row_sum_wgmma: the keys of P each wgmma with the ones takes (a 128-byte swizzle's).
 ONES_KEYS = 64
@@ -79,11 +80,14 @@ def fwd_kernel(
     num_ctas: int,
     compiled: bool,
     tail_rounds: int | None = None,
+    fixup_items: int = 0,
     head_rounds: bool = False,
 ):
     # With segment ids, their [B, T] and [B, S] arrays come before the outputs; with
     # split_tail (`tail_rounds`: the whole rounds), the pieces' table [P, 2, 4] comes
-    # last of the inputs, and the pieces' O and logsumexp last of the outputs; with
+    # last of the inputs, and the pieces' O and logsumexp last of the outputs (with
+    # tail_fixup, `fixup_items` > 0: [split items, pieces - 1, rows(, H)], those of the
+    # pieces after each item's first, which merges them); with
     # `head_rounds`, the items' order (pipeline.head_rounds_order: [items], or with
     # order_ranges [items, 8], pipeline.order_rows) is the last input.
     refs = list(refs)
@@ -99,6 +103,13 @@ def fwd_kernel(
     dtype = qo_smem.dtype
     wg = lax.axis_index("wg")
     num_items = heads * num_q_tiles * batch
+    # tail_fixup: per split item and consumer, the count of its later pieces stored (a
+    # global semaphore, zeroed before each call); the item's first piece awaits them.
+    sems = (
+        pl.get_global(plgpu.SemaphoreType.REGULAR((fixup_items, config.consumers)))
+        if fixup_items
+        else None
+    )
 
     def item_index(i):
         cta = lax.axis_index("cta")
@@ -110,6 +121,9 @@ def fwd_kernel(
 
     def piece_of(i):  # split_tail: item i's piece of this CTA (0 in the whole rounds)
         return jnp.clip(i - tail_rounds, 0, 1)
+
+    def piece_col(i, name):  # split_tail: a column (PIECE_COLS) of item i's piece
+        return pieces_ref[lax.axis_index("cta"), piece_of(i), PIECE_COLS.index(name)]
 
     # order_ranges: the table's rows carry each item's key range and lengths (ORDER_COLS).
     order_rows = order_ref is not None and config.order_ranges
@@ -595,6 +609,39 @@ def fwd_kernel(
             # ping-pong); both take the same number of turns, so neither waits forever.
             pingpong.start()
 
+            def merge_later_pieces(i, o32, lse):
+                """tail_fixup: O (float32, normalised) and the logsumexp of this item's rows
+                with its later pieces' merged in, in key order, where this is the first
+                piece of a split item; else as they are. Each merge weighs the two by
+                exp(their logsumexp - the pair's); a row neither saw stays 0, -inf."""
+                n, count = piece_col(i, "n"), piece_col(i, "count")
+                first = (i >= tail_rounds) & (piece_col(i, "k") == 0) & (count > 1)
+                pl.when(first)(
+                    lambda: plgpu.semaphore_wait(sems.at[n, wg], count - 1, memory_scope="gpu")
+                )
+                mine = pl.ds(wg * block_q, block_q)
+
+                def merge(j, carry):
+                    o32, lse = carry
+                    # Global loads into registers (Mosaic GPU's optimized transfers are for
+                    # shared memory only); the pieces were stored in these layouts.
+                    load = functools.partial(plgpu.load, idx=(), optimized=False)
+                    o_j = load(piece_o_ref.at[n, j - 1, mine], layout=plgpu.Layout.WGMMA)
+                    lse_j = load(piece_lse_ref.at[n, j - 1, mine], layout=row_layout)
+                    top = jnp.maximum(lse, lse_j)
+                    top = jnp.where(top == -jnp.inf, 0.0, top)
+                    w, w_j = jnp.exp(lse - top), jnp.exp(lse_j - top)
+                    total = w + w_j
+                    seen = total > 0
+                    total = jnp.where(seen, total, 1.0)
+                    w, w_j = w / total, w_j / total
+                    o32 = o32 * lax.broadcast_in_dim(
+                        w, o32.shape, [0]
+                    ) + o_j * lax.broadcast_in_dim(w_j, o32.shape, [0])
+                    return o32, jnp.where(seen, top + jnp.log(total), -jnp.inf)
+
+                return lax.fori_loop(1, jnp.where(first, count, 1), merge, (o32, lse))
+
             def finish(acc, m_i, l_i):
                 pingpong.end()
                 if config.row_sum_wgmma:  # every column of the accumulator is the row sum
@@ -607,7 +654,10 @@ def fwd_kernel(
                 l_safe = jnp.where(empty, 1.0, l_i)
                 inv = jnp.where(empty, 0.0, 1.0 / l_safe)
                 lse = jnp.where(empty, -jnp.inf, (m_i + jnp.log2(l_safe)) * LN2)
-                o = (acc * lax.broadcast_in_dim(inv, acc.shape, [0])).astype(dtype)
+                o32 = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
+                if fixup_items:  # an item's first piece takes in the item's others
+                    o32, lse = merge_later_pieces(i, o32, lse)
+                o = o32.astype(dtype)
                 o_gmem = o_ref.at[b, pl.ds(q0, block_q), h]
                 o_apart = config.o_apart(head_dim, dtype.itemsize)
                 if config.persistent and o_apart:
@@ -644,7 +694,20 @@ def fwd_kernel(
                     plgpu.commit_smem()
                     plgpu.copy_smem_to_gmem(lse_smem.at[wg], piece_lse_ref.at[cta, piece, rows])
 
-                if tail_rounds:
+                def store_later_piece():  # tail_fixup: for the item's first piece to merge
+                    n, k = piece_col(i, "n"), piece_col(i, "k")
+                    mine = pl.ds(wg * block_q, block_q)
+                    piece_o_ref.at[n, k - 1, mine][...] = o32  # global stores from registers
+                    piece_lse_ref.at[n, k - 1, mine][...] = lse
+                    # After this warpgroup's stores (a warpgroup barrier, then one thread's
+                    # release at GPU scope): the first piece's acquire sees them.
+                    plgpu.semaphore_signal(sems.at[n, wg], 1, memory_scope="gpu")
+
+                if fixup_items:
+                    later = (i >= tail_rounds) & (piece_col(i, "k") > 0)
+                    pl.when(~later)(store)
+                    pl.when(later)(store_later_piece)
+                elif tail_rounds:
                     pl.when(i < tail_rounds)(store)
                     pl.when(i >= tail_rounds)(store_piece)
                 else:

@@ -10,7 +10,11 @@ longer than one item. A piece is an item's rows over some of its key tiles; the 
 writes its O (normalised by its own row sums, float32) and its logsumexp apart, and
 `combine` below merges an item's pieces in a fixed order (the logsumexps' weights)
 into O and the logsumexp: the same result up to float32 rounding, and the same bits
-from call to call.
+from call to call. With `MosaicConfig.tail_fixup` the kernel merges them itself (stream-K's
+fix-up): an item's piece of its first key tiles (k = 0, the last piece its CTA walks, or
+its first where the run starts at the item) awaits the others, which each CTA walks
+first in its run and hands over through global memory and a semaphore, and writes O
+and the logsumexp; no merge after the kernel.
 """
 
 from __future__ import annotations
@@ -23,14 +27,18 @@ import numpy as np
 # The pieces a CTA's run may hold: a run is at most one item long, so it ends in the
 # item it starts in or in the next.
 PIECES_PER_CTA = 2
+# The columns of a piece's row of `TailPlan.pieces`: its item, first and end key tile, 1
+# if it exists; for tail_fixup its item's index among the split items (n), its place
+# among that item's pieces in key order (k; 0 merges the others) and their count.
+PIECE_COLS = ("item", "first", "end", "exists", "n", "k", "count")
 
 
 @dataclasses.dataclass(frozen=True)
 class TailPlan:
-    """rounds: the whole rounds every CTA walks first. pieces: [P, 2, 4] int32, each
-    CTA's pieces (item, first key tile, end key tile, 1 if the piece exists). items: the
-    split items, in order; parts: [r, max pieces, 2] (CTA, piece) of each item's pieces
-    and valid: [r, max pieces] which of them exist."""
+    """rounds: the whole rounds every CTA walks first. pieces: [P, 2, 7] int32, each
+    CTA's pieces (PIECE_COLS). items: the split items, in order; parts: [r, max pieces,
+    2] (CTA, piece) of each item's pieces in key order and valid: [r, max pieces] which
+    of them exist."""
 
     rounds: int
     pieces: np.ndarray
@@ -48,7 +56,7 @@ def plan(num_items: int, num_ctas: int, key_tiles: int) -> TailPlan | None:
         return None
     steps = r * key_tiles  # the tail's key tiles, item after item
     bounds = [c * steps // num_ctas for c in range(num_ctas + 1)]
-    pieces = np.zeros((num_ctas, PIECES_PER_CTA, 4), np.int32)
+    pieces = np.zeros((num_ctas, PIECES_PER_CTA, len(PIECE_COLS)), np.int32)
     by_item: dict[int, list[tuple[int, int]]] = {}
     for cta in range(num_ctas):
         start, end, slot = bounds[cta], bounds[cta + 1], 0
@@ -56,7 +64,7 @@ def plan(num_items: int, num_ctas: int, key_tiles: int) -> TailPlan | None:
             k, lo = divmod(start, key_tiles)
             hi = min(end - k * key_tiles, key_tiles)
             item = rounds * num_ctas + k
-            pieces[cta, slot] = (item, lo, hi, 1)
+            pieces[cta, slot, :4] = (item, lo, hi, 1)
             by_item.setdefault(item, []).append((cta, slot))
             start, slot = k * key_tiles + hi, slot + 1
     items = np.array(sorted(by_item), np.int32)
@@ -64,8 +72,10 @@ def plan(num_items: int, num_ctas: int, key_tiles: int) -> TailPlan | None:
     parts = np.zeros((len(items), width, 2), np.int32)
     valid = np.zeros((len(items), width), bool)
     for n, item in enumerate(items):
-        for m, part in enumerate(by_item[int(item)]):
+        mine = by_item[int(item)]  # in CTA order, so in key order: the first has key 0
+        for m, part in enumerate(mine):
             parts[n, m], valid[n, m] = part, True
+            pieces[part[0], part[1], 4:] = (n, m, len(mine))
     return TailPlan(rounds, pieces, items, parts, valid)
 
 
