@@ -344,7 +344,7 @@ def report(
     line = f"h{head_dim} n{n} {'causal' if causal else 'full  '} {seq:>5}: fwd {items} {units}"
     # A persistent row whole and split (whichever the default is: SPLIT_TAIL_64); a row
     # in head order (head_rounds, whose table the split's pieces do not follow) whole.
-    whole = dataclasses.replace(fwd, split_tail=False)
+    whole = dataclasses.replace(fwd, split_tail=False, tail_fixup=False)
     splits = fwd.persistent and not fwd.head_rounds
     split = (dataclasses.replace(fwd, split_tail=True),) if splits else ()
     for config in (whole, *split):

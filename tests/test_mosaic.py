@@ -549,6 +549,7 @@ def test_gpu_head_rounds_changes_no_bit(case, row_keys):
         row,
         persistent=True,
         split_tail=False,
+        tail_fixup=False,
         head_rounds=False,
         early_q_load=dataclasses.replace(row, persistent=True).o_buffer(hp),
     )
