@@ -625,7 +625,7 @@ def fwd_kernel(
                     o32, lse = carry
                     # Global loads into registers (Mosaic GPU's optimized transfers are for
                     # shared memory only); the pieces were stored in these layouts.
-                    load = functools.partial(plgpu.load, idx=(), optimized=False)
+                    load = functools.partial(plgpu.load, optimized=False)
                     o_j = load(piece_o_ref.at[n, j - 1, mine], layout=plgpu.Layout.WGMMA)
                     lse_j = load(piece_lse_ref.at[n, j - 1, mine], layout=row_layout)
                     top = jnp.maximum(lse, lse_j)
