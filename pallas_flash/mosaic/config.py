@@ -7,12 +7,13 @@ Default-config table (16-bit inputs; head dim padded up to a multiple of 64):
 | head dim (padded) | rows per warpgroup x block_kv | stages | shared memory (bytes) |
 |-------------------|-------------------------------|--------|-----------------------|
 | 64                | 64 x 256, early K wait        | 2      | 151,128 (bound)       |
-| 64, not causal    | the same, persistent, last round split by keys | 2 | 175,704 (bound) |
+| 64, not causal    | the same, persistent, last round split (tail_fixup) | 2 | 175,704 (bound) |
 | 64, keys <= 2048, causal | 64 x 128, early K wait, persistent, head order | 2 | 101,976 (bound) |
 | 64, keys 2049-4096, causal | 64 x 256, the same        | 2      | 167,512 (bound)       |
 | 128, causal       | 64 x 128, early K wait        | 2      | 167,000               |
 | 128, keys <= 2048, causal | the same, persistent, head order | 2 | 200,280 (bound) |
 | 128, not causal   | the same, persistent          | 2      | 200,280 (bound)       |
+| 128, keys >= 4096, not causal | the same, last round split (tail_fixup) | 2 | 200,280 (bound) |
 | 192, 256          | 64 x 64, early K wait         | 2      | 150,616, 199,768      |
 | 192, 256, keys <= 16384, not causal | the same, persistent | 2 | 199,768 (O through Q's buffer) |
 
@@ -346,7 +347,8 @@ class MosaicConfig:
       against the unsplit kernel; compiles for sm_90 without new spills at head dims
       64 and 128 (docs/mosaic.md, "The forward's last round split by keys"). On in
       the head-dim-64 non-causal rows (SPLIT_TAIL_64: 1.006-1.037x at 1k-16k on an
-      H100); off at 128 (0.963x at 2k).
+      H100); at 128 0.963x at 2k with XLA's merge, so only from 4096 keys and with
+      tail_fixup (SPLIT_TAIL_128_MIN_KEYS).
     tail_fixup: with split_tail, the kernel merges each split item's pieces itself
       (stream-K's fix-up, mosaic/split_tail.py) instead of XLA after it: the pieces
       other than an item's first (each the first a CTA walks in its run) store O and
@@ -356,7 +358,9 @@ class MosaicConfig:
       back and no merge kernels after the kernel, whose fixed cost (about 30 us in the
       47th session's H100 runs at head dim 128: 0.963x at 2k, 1.021x at 16k) undid
       the fill's 3 %. Compiled only: GPU interpret mode has no global semaphores, so
-      there the XLA merge stands in (the same values up to float32 rounding).
+      there the XLA merge stands in (the same values up to float32 rounding). On in
+      every split row (TAIL_FIXUP: at head dim 64 non-causal 0.99-1.01x XLA's merge
+      at 2k-8k and 1.07x at 16k, on an H100).
     head_rounds: persistent and causal, the items in head order (a (batch, head)'s
       query tiles together, its bottom tile first) rather than tile-major (every (batch,
       head)'s bottom tile, then every next one), each round's items sorted longest first
@@ -730,6 +734,24 @@ ROW_SUM_WGMMA_64 = True
 # test_gpu_split_tail_matches_reference).
 SPLIT_TAIL_64 = True
 
+# The split rows merge their pieces in the kernel (MosaicConfig.tail_fixup), and the
+# head-dim-128 non-causal rows of at least SPLIT_TAIL_128_MIN_KEYS keys split too, since
+# the 57th session's runs on an H100 (results/mosaic-ffd2f05/, mosaic-94230ba/; bf16,
+# B x T = 16k, forward TFLOP/s, ratios to the unsplit row in the same process, three
+# processes at head dim 128: fa-mosaic-128-false-fixup{,-2,-3}.jsonl). At head dim 128
+# the fix-up ran 0.990x / 0.990x at 2k, 1.002x / 1.041x / 1.007x at 4k, 0.999x / 1.020x
+# / 1.068x at 8k and 1.025x / 1.009x / 0.947x at 16k (the last beside the unsplit row's
+# highest 16k reading, 627.1 against 576.5 and 586.0 in the other two); XLA's merge
+# 0.932x / 0.978x at 2k and about level with the fix-up from 4k. With the fix-up
+# the SMs draw 5-10 % more power at the same or lower clocks (the runs' power_w and
+# sm_mhz): the idle last wave is gone, and the 700 W limit takes back part of the 3 %.
+# At head dim 64 non-causal, against XLA's merge (fa-mosaic-64-false-fixup{,-2}.jsonl):
+# 0.994x / 1.008x / 0.994x at 2k / 4k / 8k, 1.068x / 1.066x at 16k in two processes.
+# Compiled, the reference, the unsplit grid within float32 merging and the same bits
+# twice on all five split cases (results/mosaic-94230ba/mosaic-tests.log).
+TAIL_FIXUP = True
+SPLIT_TAIL_128_MIN_KEYS = 4096
+
 
 # A persistent default row without its persistent grid (one CTA per work item): what it
 # takes in place of the options it carries that need that grid (split_tail,
@@ -826,6 +848,7 @@ def default_mosaic_config(
             named_turns=NAMED_TURNS_DEFAULT,
             row_sum_wgmma=ROW_SUM_WGMMA_64 and causal is False,
             split_tail=SPLIT_TAIL_64 and causal is False,
+            tail_fixup=SPLIT_TAIL_64 and TAIL_FIXUP and causal is False,
             early_q_load=head_order,
             head_rounds=persistent and causal is not False and HEAD_ROUNDS,
         )
@@ -839,6 +862,11 @@ def default_mosaic_config(
         # early Q loads at up to 2048 keys (HEAD_ROUNDS' comment).
         short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS
         short_causal = HEAD_ROUNDS and short and causal is True
+        # Non-causal from 4096 keys, the last round split and merged in the kernel
+        # (TAIL_FIXUP's comment).
+        split = (
+            TAIL_FIXUP and causal is False and (seq_k is None or seq_k >= SPLIT_TAIL_128_MIN_KEYS)
+        )
         return MosaicConfig(
             block_q=64,
             block_kv=128,
@@ -849,6 +877,8 @@ def default_mosaic_config(
             named_turns=NAMED_TURNS_DEFAULT,
             rescale_slack=slack,
             early_q_load=short_causal,
+            split_tail=split,
+            tail_fixup=split,
             head_rounds=short_causal,
         )
     # Persistent when not causal up to 16384 keys: 1.01-1.05x at 1k-16k (docstring).
