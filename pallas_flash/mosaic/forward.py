@@ -46,6 +46,8 @@ shared memory and cannot accumulate in place (`pl.run_state` over an accumulator
 not lower on CPU: "MLIR translation rule for primitive 'wgmma' not found for platform
 cpu"), so there P is staged through shared memory and P V lands in a fresh accumulator
 that is added to `acc` (`MosaicConfig.p_in_registers=False`, which a GPU can run too).
+Nor has it global semaphores (`pl.get_global`), so a split last round's pieces are merged
+by XLA after the kernel there (`tail_fixup=False`), not by the kernel.
 
 The kernel's body is mosaic/fwd_kernel.py; `forward` below checks the call, pads the
 inputs, builds the grid and the shared-memory scratch, and calls it.
