@@ -84,7 +84,7 @@ def fwd_kernel(
     head_rounds: bool = False,
 ):
     # With segment ids, their [B, T] and [B, S] arrays come before the outputs; with
-    # split_tail (`tail_rounds`: the whole rounds), the pieces' table [P, 2, 4] comes
+    # split_tail (`tail_rounds`: the whole rounds), the pieces' table [P, 2, 7] comes
     # last of the inputs, and the pieces' O and logsumexp last of the outputs (with
     # tail_fixup, `fixup_items` > 0: [split items, pieces - 1, rows(, H)], those of the
     # pieces after each item's first, which merges them); with
