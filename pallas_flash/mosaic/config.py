@@ -742,9 +742,11 @@ SPLIT_TAIL_64 = True
 # the fix-up ran 0.990x / 0.990x at 2k, 1.002x / 1.041x / 1.007x at 4k, 0.999x / 1.020x
 # / 1.068x at 8k and 1.025x / 1.009x / 0.947x at 16k (the last beside the unsplit row's
 # highest 16k reading, 627.1 against 576.5 and 586.0 in the other two); XLA's merge
-# 0.932x / 0.978x at 2k and about level with the fix-up from 4k. With the fix-up
-# the SMs draw 5-10 % more power at the same or lower clocks (the runs' power_w and
-# sm_mhz): the idle last wave is gone, and the 700 W limit takes back part of the 3 %.
+# 0.932x / 0.978x at 2k and about level with the fix-up from 4k. In those three the
+# fix-up drew 5-10 % more power at the same or lower clocks (the rows' power_w and
+# sm_mhz): with the last wave's SMs busy, the 700 W limit may take back part of the 3 %.
+# A fourth (mosaic-9394670/, the new default beside the unsplit row and the peers):
+# 1.045x / 1.040x at 4k / 16k, 1.05x the best peer at both.
 # At head dim 64 non-causal, against XLA's merge (fa-mosaic-64-false-fixup{,-2}.jsonl):
 # 0.994x / 1.008x / 0.994x at 2k / 4k / 8k, 1.068x / 1.066x at 16k in two processes.
 # Compiled, the reference, the unsplit grid within float32 merging and the same bits
