@@ -410,6 +410,42 @@ def test_split_tail_merge_is_the_softmax_over_all_keys():
     assert float(lse[0, 0, 3]) == -np.inf and not np.any(np.asarray(o[0, 3]))
 
 
+def test_split_tail_merge_pair_folds_pieces_into_the_softmax():
+    """tail_fixup's merge (the kernel's first piece folds the later ones in, in key
+    order, with split_tail.merge_pair): three pieces of a row's keys, each normalised
+    with its logsumexp, fold into the softmax over all of them (float32); a row that
+    only one piece sees takes that piece's values, and a row no piece sees stays 0 with
+    -inf, never NaN. GPU interpret mode cannot run the kernel's fix-up (no global
+    semaphores), so its arithmetic is checked here."""
+    rng = np.random.default_rng(1)
+    rows, h, bounds = 5, 8, (0, 3, 7, 12)
+    s = rng.normal(size=(rows, bounds[-1])).astype(np.float32) * 4
+    s[3] = -np.inf  # no key at all
+    s[4, 3:] = -np.inf  # only the first piece's keys
+    v = rng.normal(size=(bounds[-1], h)).astype(np.float32)
+
+    def piece(lo, hi):
+        part = s[:, lo:hi]
+        top = np.where(np.isfinite(part.max(1)), part.max(1), 0)[:, None]
+        p = np.exp(part - top)
+        total = p.sum(1)
+        o = np.where(total[:, None] > 0, p @ v[lo:hi] / np.maximum(total, 1e-30)[:, None], 0)
+        lse = np.where(total > 0, top[:, 0] + np.log(np.maximum(total, 1e-30)), -np.inf)
+        return jnp.asarray(o, jnp.float32), jnp.asarray(lse, jnp.float32)
+
+    o, lse = piece(bounds[0], bounds[1])
+    for lo, hi in zip(bounds[1:-1], bounds[2:]):
+        o, lse = split_tail.merge_pair(o, lse, *piece(lo, hi))
+    assert not np.any(np.isnan(np.asarray(o))) and not np.any(np.isnan(np.asarray(lse)))
+    live = [0, 1, 2, 4]
+    want = jax.nn.softmax(jnp.asarray(s[live]), axis=-1) @ v
+    np.testing.assert_allclose(o[jnp.asarray(live)], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        lse[jnp.asarray(live)], jax.nn.logsumexp(s[live], axis=-1), rtol=1e-6
+    )
+    assert float(lse[3]) == -np.inf and not np.any(np.asarray(o[3]))
+
+
 # Items the 3 interpret CTAs do not divide: 8 items (2 whole rounds, 2 items in pieces,
 # one CTA's run across both), GQA with a ragged key length; causal with ragged lengths
 # and rows that see no key; head dim 256, whose O leaves through Q's buffer (4 items);

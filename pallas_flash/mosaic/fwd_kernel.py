@@ -41,7 +41,7 @@ from pallas_flash.mosaic.pipeline import (
     stream_kv_tiles,
 )
 from pallas_flash.mosaic.softmax import online_softmax, warp_any
-from pallas_flash.mosaic.split_tail import PIECE_COLS
+from pallas_flash.mosaic.split_tail import PIECE_COLS, merge_pair
 
 # row_sum_wgmma: the keys of P each wgmma with the ones takes (a 128-byte swizzle's).
 ONES_KEYS = 64
@@ -611,9 +611,8 @@ def fwd_kernel(
 
             def merge_later_pieces(i, o32, lse):
                 """tail_fixup: O (float32, normalised) and the logsumexp of this item's rows
-                with its later pieces' merged in, in key order, where this is the first
-                piece of a split item; else as they are. Each merge weighs the two by
-                exp(their logsumexp - the pair's); a row neither saw stays 0, -inf."""
+                with its later pieces' merged in, in key order (split_tail.merge_pair),
+                where this is the first piece of a split item; else as they are."""
                 n, count = piece_col(i, "n"), piece_col(i, "count")
                 first = (i >= tail_rounds) & (piece_col(i, "k") == 0) & (count > 1)
                 pl.when(first)(
@@ -628,17 +627,7 @@ def fwd_kernel(
                     load = functools.partial(plgpu.load, optimized=False)
                     o_j = load(piece_o_ref.at[n, j - 1, mine], layout=plgpu.Layout.WGMMA)
                     lse_j = load(piece_lse_ref.at[n, j - 1, mine], layout=row_layout)
-                    top = jnp.maximum(lse, lse_j)
-                    top = jnp.where(top == -jnp.inf, 0.0, top)
-                    w, w_j = jnp.exp(lse - top), jnp.exp(lse_j - top)
-                    total = w + w_j
-                    seen = total > 0
-                    total = jnp.where(seen, total, 1.0)
-                    w, w_j = w / total, w_j / total
-                    o32 = o32 * lax.broadcast_in_dim(
-                        w, o32.shape, [0]
-                    ) + o_j * lax.broadcast_in_dim(w_j, o32.shape, [0])
-                    return o32, jnp.where(seen, top + jnp.log(total), -jnp.inf)
+                    return merge_pair(o32, lse, o_j, lse_j)
 
                 return lax.fori_loop(1, jnp.where(first, count, 1), merge, (o32, lse))
 

@@ -23,6 +23,7 @@ import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 # The pieces a CTA's run may hold: a run is at most one item long, so it ends in the
 # item it starts in or in the next.
@@ -113,6 +114,23 @@ def combine(o, lse, piece_o, piece_lse, tail: TailPlan, coords, rows: int):
     o = o.at[b, row, h].set(merged_o.astype(o.dtype))
     lse = lse.at[b, h, row].set(merged_lse)
     return o, lse
+
+
+def merge_pair(o, lse, o_j, lse_j):
+    """tail_fixup's merge of two pieces of the same rows (O [rows, H] float32, each
+    normalised by its own row sums, and the logsumexp [rows]): each weighs exp(its
+    logsumexp - the pair's); a row neither saw stays 0 with -inf. The kernel's first
+    piece folds the later ones in with this, one after another in key order (it traces
+    in a Mosaic GPU kernel as on CPU, where its test runs)."""
+    top = jnp.maximum(lse, lse_j)
+    top = jnp.where(top == -jnp.inf, 0.0, top)
+    w, w_j = jnp.exp(lse - top), jnp.exp(lse_j - top)
+    total = w + w_j
+    seen = total > 0
+    total = jnp.where(seen, total, 1.0)
+    w, w_j = w / total, w_j / total
+    o = o * lax.broadcast_in_dim(w, o.shape, [0]) + o_j * lax.broadcast_in_dim(w_j, o.shape, [0])
+    return o, jnp.where(seen, top + jnp.log(total), -jnp.inf)
 
 
 # The backward's half: the dK/dV (fused) grid's last wave, split by query tiles. Its grid
