@@ -47,5 +47,13 @@ case $call in
     FA_PASSES=fwd FA_SEQS=4096,8192,16384 MOSAIC_FA_IMPLS=$M,$PEERS timeout 240 \
       bash $G "$C" mosaic-fa:128:true
     keep fa-mosaic-128-true-fwd-4k-16k ;;
-  *) echo "next_calls: no call $call (1, 2 or 3)" >&2; exit 2 ;;
+  4) # (any card) early Q loads at head dim 128 non-causal, never timed there: the row has
+    # an O buffer, so each consumer's next Q can load during the item's last Q K^T
+    # rather than after its O (at 2k an item is 16 key tiles, and the wait for Q sits
+    # between every two); beside the default and two peers, 1k-4k (4k: with the split).
+    FA_PASSES=fwd FA_SEQS=1024,2048,4096 \
+      MOSAIC_FA_IMPLS=$M,$M/early_q_load=true,tokamax:mosaic,jax:mosaic_fa3 timeout 200 \
+      bash $G "$C" mosaic-fa:128:false
+    keep fa-mosaic-128-false-early-q ;;
+  *) echo "next_calls: no call $call (1 to 4)" >&2; exit 2 ;;
 esac

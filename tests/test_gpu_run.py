@@ -301,7 +301,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"1": 0, "3": 0}
+_CALL_VARIANTS = {"1": 0, "3": 0, "4": 1}
 
 
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
@@ -353,6 +353,13 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
         assert [_option(c, "--head-dims") for c in benches] == ["128", "128"]
         assert [_option(c, "--causal") for c in benches] == ["false", "true"]
         assert not stalls
+    if call == "4":  # early Q loads at head dim 128 non-causal, 1k-4k, beside two peers
+        assert len(benches) == 1 and "tokamax:mosaic" in benches[0]
+        assert _option(benches[0], "--seqs") == "1024,2048,4096"
+        assert (_option(benches[0], "--head-dims"), _option(benches[0], "--causal")) == (
+            "128",
+            "false",
+        )
 
 
 def test_next_calls_compiled_tests_select_the_new_row(next_calls):
@@ -380,5 +387,5 @@ def test_next_calls_compiled_tests_select_the_new_row(next_calls):
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):
-    proc, calls, _ = next_calls("4")
-    assert proc.returncode == 2 and "no call 4" in proc.stderr and not calls
+    proc, calls, _ = next_calls("5")
+    assert proc.returncode == 2 and "no call 5" in proc.stderr and not calls
