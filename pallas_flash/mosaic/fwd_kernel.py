@@ -117,7 +117,7 @@ def fwd_kernel(
             return persistent_item(cta, i, num_ctas, snake=spec.causal)
         # split_tail: after the whole rounds, this CTA's pieces of the last round's items
         whole = persistent_item(cta, jnp.minimum(i, tail_rounds - 1), num_ctas, snake=spec.causal)
-        return jnp.where(i < tail_rounds, whole, pieces_ref[cta, piece_of(i), 0])
+        return jnp.where(i < tail_rounds, whole, piece_col(i, "item"))
 
     def piece_of(i):  # split_tail: item i's piece of this CTA (0 in the whole rounds)
         return jnp.clip(i - tail_rounds, 0, 1)
@@ -148,8 +148,7 @@ def fwd_kernel(
         bounds = tuple(ranges_ref[b, row, c] for c in cols)
         if not tail_rounds:
             return bounds
-        cta, piece = lax.axis_index("cta"), piece_of(i)
-        first, end = pieces_ref[cta, piece, 1], pieces_ref[cta, piece, 2]
+        first, end = piece_col(i, "first"), piece_col(i, "end")
         return piece_range(bounds, first, end, i >= tail_rounds)
 
     def item_at(i):
@@ -186,7 +185,8 @@ def fwd_kernel(
             return 1
         cta = lax.axis_index("cta")
         if tail_rounds:  # the whole rounds, then this CTA's pieces of the last one
-            return tail_rounds + pieces_ref[cta, 0, 3] + pieces_ref[cta, 1, 3]
+            exists = PIECE_COLS.index("exists")
+            return tail_rounds + pieces_ref[cta, 0, exists] + pieces_ref[cta, 1, exists]
         return persistent_item_count(cta, num_items, num_ctas, snake=spec.causal)
 
     def run_items(fn):
