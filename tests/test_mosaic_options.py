@@ -374,6 +374,18 @@ def test_split_tail_plans_nothing_for_whole_rounds():
     assert split_tail.plan(264, 132, 64) is None and split_tail.plan(100, 132, 0) is None
 
 
+def _softmax_piece(s, v, lo, hi):
+    """A piece of keys lo..hi of the scores s [rows, keys] (numpy, float32): its O
+    normalised by its own row sums and its logsumexp, 0 and -inf where a row sees none."""
+    part = s[:, lo:hi]
+    top = np.where(np.isfinite(part.max(1)), part.max(1), 0)[:, None]
+    p = np.exp(part - top)
+    total = p.sum(1)
+    o = np.where(total[:, None] > 0, p @ v[lo:hi] / np.maximum(total, 1e-30)[:, None], 0)
+    lse = np.where(total > 0, top[:, 0] + np.log(np.maximum(total, 1e-30)), -np.inf)
+    return o, lse
+
+
 def test_split_tail_merge_is_the_softmax_over_all_keys():
     """Pieces of a row's keys, each softmax-normalised with its logsumexp, merge into the
     softmax over all of them (float32, rtol 1e-6); a row no piece saw stays 0, -inf."""
@@ -388,16 +400,7 @@ def test_split_tail_merge_is_the_softmax_over_all_keys():
     for cta in range(3):
         _, lo, hi, valid = tail.pieces[cta, 0, :4]
         assert valid
-        part = s[:, lo:hi]
-        top = np.where(np.isfinite(part.max(1)), part.max(1), 0)[:, None]
-        p = np.exp(part - top)
-        total = p.sum(1)
-        piece_o[cta, 0] = np.where(
-            total[:, None] > 0, p @ v[lo:hi] / np.maximum(total, 1e-30)[:, None], 0
-        )
-        piece_lse[cta, 0] = np.where(
-            total > 0, top[:, 0] + np.log(np.maximum(total, 1e-30)), -np.inf
-        )
+        piece_o[cta, 0], piece_lse[cta, 0] = _softmax_piece(s, v, lo, hi)
     o = jnp.full((1, rows, 1, h), 7.0, jnp.float32)  # the split item's rows are overwritten
     lse = jnp.full((1, 1, rows), 7.0, jnp.float32)
     coords = (np.array([0]), np.array([0]), np.array([0]))
@@ -425,13 +428,7 @@ def test_split_tail_merge_pair_folds_pieces_into_the_softmax():
     v = rng.normal(size=(bounds[-1], h)).astype(np.float32)
 
     def piece(lo, hi):
-        part = s[:, lo:hi]
-        top = np.where(np.isfinite(part.max(1)), part.max(1), 0)[:, None]
-        p = np.exp(part - top)
-        total = p.sum(1)
-        o = np.where(total[:, None] > 0, p @ v[lo:hi] / np.maximum(total, 1e-30)[:, None], 0)
-        lse = np.where(total > 0, top[:, 0] + np.log(np.maximum(total, 1e-30)), -np.inf)
-        return jnp.asarray(o, jnp.float32), jnp.asarray(lse, jnp.float32)
+        return tuple(jnp.asarray(x, jnp.float32) for x in _softmax_piece(s, v, lo, hi))
 
     o, lse = piece(bounds[0], bounds[1])
     for lo, hi in zip(bounds[1:-1], bounds[2:]):
