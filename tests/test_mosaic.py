@@ -536,13 +536,18 @@ def test_gpu_early_q_load_changes_no_bit(case, flags):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [c for c in GPU_CASES if c.causal], ids=lambda c: c.id)
-@pytest.mark.parametrize("row_keys", [None, HEAD_ROUNDS_MAX_KEYS_64], ids=["call", "4k-row"])
-def test_gpu_head_rounds_changes_no_bit(case, row_keys):
+@pytest.mark.parametrize(
+    "row_keys, greedy",
+    [(None, False), (HEAD_ROUNDS_MAX_KEYS_64, False), (None, True)],
+    ids=["call", "4k-row", "greedy"],
+)
+def test_gpu_head_rounds_changes_no_bit(case, row_keys, greedy):
     """head_rounds compiled on the call's default row made persistent (with early Q
     loads where O has a buffer of its own), and on the row of 4096 keys (at head dim 64
     the causal default there, with 256-key tiles; at 128 the one-CTA-per-item row with
     its conditional rescale): the causal items in head order, the same items' work, so
-    the tile-major grid's bits, and the reference passes."""
+    the tile-major grid's bits, and the reference passes; `greedy`: the items from
+    greedy_items' list schedule instead."""
     row = default_mosaic_config(case.head_dim, row_keys or case.seq_kv, True)
     hp = padded_head_dim(case.head_dim)
     tile_major = dataclasses.replace(
@@ -553,7 +558,7 @@ def test_gpu_head_rounds_changes_no_bit(case, row_keys):
         head_rounds=False,
         early_q_load=dataclasses.replace(row, persistent=True).o_buffer(hp),
     )
-    heads = dataclasses.replace(tile_major, head_rounds=True)
+    heads = dataclasses.replace(tile_major, head_rounds=True, greedy_items=greedy)
     _changed_no_bit(case, tile_major, heads, interpret=False, seed=seed_of(case))
 
 

@@ -526,13 +526,15 @@ def test_split_tail_even_pieces_only_where_they_gain():
     ],
     ids=lambda c: c.id,
 )
-@pytest.mark.parametrize("ranges", [False, True], ids=["entry", "order-ranges"])
-def test_interpret_head_rounds_changes_no_bit(case, ranges):
+@pytest.mark.parametrize("table", ["entry", "order_ranges", "greedy_items"])
+def test_interpret_head_rounds_changes_no_bit(case, table):
     """head_rounds hands the persistent causal grid's items out in head order (4-12 items
     on the 3 interpret CTAs, each round's longest first; ragged lengths, rows that see no
     key, a window, segment ids): another order of the same items, so the reference
     passes and the tile-major grid's bits come back; with
-    order_ranges, each item's key range and lengths read from its row of the table."""
+    order_ranges, each item's key range and lengths read from its row of the table; with
+    greedy_items, each CTA's count and items from the list schedule's table."""
     config = dataclasses.replace(SMALL, persistent=True)
-    changed = dataclasses.replace(config, head_rounds=True, order_ranges=ranges)
+    options = {table: True} if table != "entry" else {}
+    changed = dataclasses.replace(config, head_rounds=True, **options)
     _changed_no_bit(case, config, changed, interpret=True, seed=5)

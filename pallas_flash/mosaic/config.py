@@ -381,6 +381,19 @@ class MosaicConfig:
       most 2048 keys at head dims 64 and 128 (HEAD_ROUNDS: 1.05-1.15x the grid of one
       CTA per item there, on an H100) and of 2049-4096 keys at head dim 64
       (HEAD_ROUNDS_MAX_KEYS_64: 1.03-1.05x).
+    greedy_items: with head_rounds, each CTA's items come from a list schedule rather
+      than from the rounds' alternating hand-out (pipeline.greedy_items_order): the
+      items in the grid of one CTA per item's launch order (heads, query tiles from the
+      bottom, batch elements), each to the CTA whose modelled work ends first, as the
+      block scheduler gives that grid's CTAs to the SMs as they free. The rounds end
+      ragged: by launch_sim's model the head-order table fills 0.970 of the SMs' time at
+      head dim 128 causal 2k-16k, where the grid of one CTA per item fills 0.983-0.999,
+      and the list schedule the same as that grid, keeping the persistent grid's overlap
+      of one item's end with the next one's start. Decided before the kernel from each
+      query tile's key tiles at the call's full lengths, so ragged lengths and segment
+      ids may leave it less even than the hardware's; the same items and bits in any
+      order. The table gains a row of per-CTA counts (one load a CTA). Not with
+      order_ranges (whose rows follow the head-order table).
     order_ranges: with head_rounds, each row of the items' table also holds the item's
       key tiles (lo, full_lo, full_hi, hi) and its batch element's lengths, gathered
       before the kernel (pipeline.order_rows), so that a consumer starting an item waits
@@ -507,6 +520,7 @@ class MosaicConfig:
     split_tail: bool = False
     tail_fixup: bool = False
     head_rounds: bool = False
+    greedy_items: bool = False
     order_ranges: bool = False
     poly_exp2_cols: int = 0
     rescale_slack: float | None = None
@@ -591,6 +605,11 @@ class MosaicConfig:
         if self.order_ranges and not self.head_rounds:
             raise ValueError(
                 "order_ranges puts the key ranges in head_rounds' table: it needs head_rounds"
+            )
+        if self.greedy_items and (not self.head_rounds or self.order_ranges):
+            raise ValueError(
+                "greedy_items replaces head_rounds' table with a list schedule: it needs "
+                "head_rounds, and not order_ranges (whose rows follow the head-order table)"
             )
         if self.head_rounds and (not self.persistent or self.split_tail):
             raise ValueError(
@@ -757,10 +776,15 @@ SPLIT_TAIL_128_MIN_KEYS = 4096
 
 # A persistent default row without its persistent grid (one CTA per work item): what it
 # takes in place of the options it carries that need that grid (split_tail,
-# SPLIT_TAIL_64; early_q_load, head_rounds and order_ranges, HEAD_ROUNDS), as the tests,
-# benchmarks.lowered_ops and lowered_digest build it.
+# SPLIT_TAIL_64; early_q_load, head_rounds, greedy_items and order_ranges, HEAD_ROUNDS), as
+# the tests, benchmarks.lowered_ops and lowered_digest build it.
 WITHOUT_PERSISTENT = dict(
-    split_tail=False, tail_fixup=False, early_q_load=False, head_rounds=False, order_ranges=False
+    split_tail=False,
+    tail_fixup=False,
+    early_q_load=False,
+    head_rounds=False,
+    greedy_items=False,
+    order_ranges=False,
 )
 
 

@@ -72,8 +72,10 @@ from pallas_flash.mosaic.config import (
 )
 from pallas_flash.mosaic.fwd_kernel import fwd_kernel
 from pallas_flash.mosaic.pipeline import (
+    greedy_items_order,
     head_rounds_order,
     kv_tile_ranges,
+    nominal_key_tiles,
     order_rows,
     pad_to,
     pair_cluster,
@@ -238,11 +240,14 @@ def forward(
     # the persistent order is head order already).
     order_inputs = ()
     if config.head_rounds and spec.causal:  # persistent (MosaicConfig checks it)
-        order = head_rounds_order(B * N, num_q_tiles, num_ctas)
-        if config.order_ranges:  # each item's key range and lengths in its row
+        if config.greedy_items:  # a list schedule: per-CTA counts, then the items
+            costs = nominal_key_tiles(spec, T, S, num_q_tiles, rows, config.block_kv)
+            table = jnp.asarray(greedy_items_order(costs, N, B, num_ctas))
+        elif config.order_ranges:  # each item's key range and lengths in its row
+            order = head_rounds_order(B * N, num_q_tiles, num_ctas)
             table = order_rows(order, ranges, q_len, kv_len, N, num_q_tiles)
         else:
-            table = jnp.asarray(order)
+            table = jnp.asarray(head_rounds_order(B * N, num_q_tiles, num_ctas))
         order_inputs = (table,)
     tail_inputs, tail_outputs = (), ()
     fixup = tail is not None and config.tail_fixup

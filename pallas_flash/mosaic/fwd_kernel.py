@@ -89,7 +89,8 @@ def fwd_kernel(
     # tail_fixup, `fixup_items` > 0: [split items, pieces - 1, rows(, H)], those of the
     # pieces after each item's first, which merges them); with
     # `head_rounds`, the items' order (pipeline.head_rounds_order: [items], or with
-    # order_ranges [items, 8], pipeline.order_rows) is the last input.
+    # order_ranges [items, 8], pipeline.order_rows, or with greedy_items the per-CTA
+    # lists of pipeline.greedy_items_order) is the last input.
     refs = list(refs)
     piece_o_ref, piece_lse_ref = (refs.pop(-2), refs.pop()) if tail_rounds else (None, None)
     o_ref, lse_ref = refs.pop(-2), refs.pop()
@@ -129,7 +130,10 @@ def fwd_kernel(
     order_rows = order_ref is not None and config.order_ranges
 
     def order_row(i):  # head_rounds: this CTA's item i's entry (row) of the order table
-        return persistent_item(lax.axis_index("cta"), i, num_ctas, snake=True)
+        cta = lax.axis_index("cta")
+        if config.greedy_items:  # pipeline.greedy_items_order: the counts, then the items
+            return (i + 1) * num_ctas + cta
+        return persistent_item(cta, i, num_ctas, snake=True)
 
     def lengths(i, b):  # (q_len, kv_len) of item i, in batch element b
         if not order_rows:
@@ -187,6 +191,8 @@ def fwd_kernel(
         if tail_rounds:  # the whole rounds, then this CTA's pieces of the last one
             exists = PIECE_COLS.index("exists")
             return tail_rounds + pieces_ref[cta, 0, exists] + pieces_ref[cta, 1, exists]
+        if order_ref is not None and config.greedy_items:  # the list schedule's count
+            return order_ref[cta]
         return persistent_item_count(cta, num_items, num_ctas, snake=spec.causal)
 
     def run_items(fn):

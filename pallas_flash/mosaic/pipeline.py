@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 
 import jax
 import jax.numpy as jnp
@@ -326,6 +327,60 @@ def head_rounds_order(pairs: int, num_q_tiles: int, num_ctas: int) -> np.ndarray
     from_bottom = items % num_q_tiles
     key = (items // num_ctas) * num_q_tiles + from_bottom  # round first, then the length
     return np.argsort(key, kind="stable").astype(np.int32)
+
+
+# greedy_items: what an item costs a persistent CTA beyond its key tiles, in key tiles
+# (the part of its start and end the next item's does not hide; 1k at head dim 128 non-
+# causal, 8 tiles an item, ran 1.06x persistent against one CTA per item: about half a
+# tile an item, docs/mosaic.md "A persistent forward").
+GREEDY_ITEM_STEPS = 0.5
+
+
+@functools.lru_cache(maxsize=64)
+def _greedy_lists(tile_costs: tuple, heads: int, batch: int, num_ctas: int):
+    tiles = len(tile_costs)
+    free = [(0.0, cta) for cta in range(num_ctas)]  # (modelled end of its work, CTA)
+    lists = [[] for _ in range(num_ctas)]
+    for h in range(heads):  # the grid's launch order: heads, tiles bottom first, batch
+        for d in range(tiles):
+            cost = tile_costs[tiles - 1 - d] + GREEDY_ITEM_STEPS
+            for b in range(batch):
+                end, cta = heapq.heappop(free)
+                lists[cta].append((b * heads + h) * tiles + d)
+                heapq.heappush(free, (end + cost, cta))
+    return lists
+
+
+def greedy_items_order(tile_costs, heads: int, batch: int, num_ctas: int) -> np.ndarray:
+    """The persistent causal grid's items handed out as the block scheduler hands out the
+    grid of one CTA per item (MosaicConfig.greedy_items): in that grid's launch order
+    (heads, then query tiles from the bottom, then batch elements), each to the CTA whose
+    work so far ends first, an item costing its query tile's key tiles (`tile_costs`,
+    [num_q_tiles], the mask's at the call's full lengths) and GREEDY_ITEM_STEPS. The
+    hardware decides as each CTA ends; here it is decided before the kernel, by the model.
+    int32 [(slots + 1) * num_ctas]: entry `cta` is the count of CTA cta's items, entry
+    `(i + 1) * num_ctas + cta` its i-th, encoded as head_rounds_order's (pair * num_q_tiles
+    + d, d from the bottom), 0 past its count."""
+    lists = _greedy_lists(tuple(int(c) for c in tile_costs), heads, batch, num_ctas)
+    table = np.zeros((max(map(len, lists)) + 1, num_ctas), np.int32)
+    for cta, items in enumerate(lists):
+        table[0, cta] = len(items)
+        table[1 : len(items) + 1, cta] = items
+    return table.reshape(-1)
+
+
+def nominal_key_tiles(
+    spec: masks.MaskSpec, q_len: int, kv_len: int, num_tiles: int, rows: int, bk: int
+):
+    """[num_tiles] int: the key tiles each span of `rows` query rows walks at these static
+    lengths (the mask's kv_tile_range, evaluated while tracing, as numpy)."""
+    lengths = (jnp.full((1,), n, jnp.int32) for n in (q_len, kv_len))
+    with jax.ensure_compile_time_eval():
+        table = masks.tile_range_table(
+            masks.kv_tile_range, spec, *lengths, num_tiles, rows, bk, rows
+        )
+    table = np.asarray(table)[0]
+    return table[:, 3] - table[:, 0]
 
 
 def lax_divmod(a, b):
