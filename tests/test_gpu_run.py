@@ -301,7 +301,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"1": 0, "3": 0, "4": 1}
+_CALL_VARIANTS = {"1": 0, "3": 0, "4": 1, "5": 1}
 
 
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
@@ -360,6 +360,11 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
             "128",
             "false",
         )
+    if call == "5":  # greedy_items at head dims 128 and 64 causal, after its compiled tests
+        assert [_option(c, "--head-dims") for c in benches] == ["128", "64"]
+        assert [_option(c, "--seqs") for c in benches] == ["2048,4096,8192,16384", "1024,2048,8192"]
+        assert all(_option(c, "--causal") == "true" for c in benches)
+        assert any("-m pytest -m gpu tests/test_mosaic.py" in c for c in calls)
 
 
 def test_next_calls_compiled_tests_select_the_new_row(next_calls):
@@ -387,5 +392,5 @@ def test_next_calls_compiled_tests_select_the_new_row(next_calls):
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):
-    proc, calls, _ = next_calls("5")
-    assert proc.returncode == 2 and "no call 5" in proc.stderr and not calls
+    proc, calls, _ = next_calls("6")
+    assert proc.returncode == 2 and "no call 6" in proc.stderr and not calls
