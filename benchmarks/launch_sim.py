@@ -58,28 +58,41 @@ def causal_key_tiles(first_row: int, rows: int, block_kv: int, s: int, causal: b
     return min(_ceil(first_row + rows, block_kv), _ceil(s, block_kv))
 
 
-def _head_order(config, n: int, b: int, tiles: int, ctas: int, causal: bool):
-    """head_rounds' table of the persistent items (causal; each entry a pair's tile from
-    the bottom), as the kernel gets it, or None where the plain orders hold."""
-    if config.head_rounds and causal:
-        return pipeline.head_rounds_order(n * b, tiles, ctas)
-    return None
-
-
-def _item_coords(w: int, order, n: int, b: int, tiles: int, causal: bool):
-    """(batch, head, query tile) of persistent item w, as `fwd_kernel.item_at` has it:
-    through head_rounds' table `order` where there is one, else the plain orders."""
-    if order is not None:
-        coords = pipeline.head_rounds_coords(int(order[w]), n, tiles)
-    else:
-        coords = split_tail.item_coords(w, n, b, tiles, causal)
-    return tuple(int(x) for x in coords)
+def _cta_walks(config, n: int, b: int, tiles: int, ctas: int, causal: bool, cost, rounds=None):
+    """Each persistent CTA's items in the order it walks them, as (batch, head, query
+    tile), as `fwd_kernel.item_at` has them: through greedy_items' lists or head_rounds'
+    table (causal; `cost(tile)`: a query tile's key tiles, the list schedule's input),
+    else the plain orders (`pipeline.persistent_item`); `rounds`: at most that many each
+    (split_tail's whole rounds)."""
+    items = n * tiles * b
+    coords = lambda w: tuple(int(x) for x in pipeline.head_rounds_coords(int(w), n, tiles))  # noqa: E731
+    if config.head_rounds and causal and config.greedy_items:
+        table = pipeline.greedy_items_order([cost(q) for q in range(tiles)], n, b, ctas)
+        counts, entries = table[:ctas], table[ctas:].reshape(-1, ctas)
+        return [[coords(w) for w in entries[: counts[c], c]] for c in range(ctas)]
+    order = (
+        pipeline.head_rounds_order(n * b, tiles, ctas) if config.head_rounds and causal else None
+    )
+    walks = []
+    for cta in range(ctas):
+        walk, i = [], 0
+        while (w := int(pipeline.persistent_item(cta, i, ctas, snake=causal))) < items:
+            if rounds is not None and i == rounds:
+                break
+            if order is not None:
+                walk.append(coords(order[w]))
+            else:
+                walk.append(tuple(int(x) for x in split_tail.item_coords(w, n, b, tiles, causal)))
+            i += 1
+        walks.append(walk)
+    return walks
 
 
 def forward_costs(config, t: int, b: int, n: int, causal: bool, cta_steps: float):
     """The forward's CTAs' costs in launch order, or, persistent, each CTA's summed items
     (`fwd_kernel.item_at`: causal items bottom query tiles first, tile-major when
-    persistent, or with head_rounds in head order, each round's longest first; else one
+    persistent, or with head_rounds in head order, each round's longest first, or with
+    greedy_items each CTA's list (pipeline.greedy_items_order); else one
     (batch, head)'s tiles together)."""
     if config.kv_multicast:
         raise ValueError("kv_multicast's clusters are not modelled")
@@ -93,16 +106,10 @@ def forward_costs(config, t: int, b: int, n: int, causal: bool, cta_steps: float
     ctas = min(items, H100_SMS)
     key_tiles = _ceil(t, config.block_kv)
     tail = split_tail.plan(items, ctas, key_tiles) if config.split_tail else None
-    order = _head_order(config, n, b, tiles, ctas, causal)
-    per_cta = [0.0] * ctas
+    rounds = None if tail is None else tail.rounds  # split_tail: the last round in pieces
+    walks = _cta_walks(config, n, b, tiles, ctas, causal, cost, rounds)
+    per_cta = [sum(cost(q) + cta_steps for _, _, q in walk) for walk in walks]
     for cta in range(ctas):
-        i = 0
-        while (w := int(pipeline.persistent_item(cta, i, ctas, snake=causal))) < items:
-            if tail is not None and i == tail.rounds:
-                break  # split_tail: the last round goes in pieces (below)
-            q = _item_coords(w, order, n, b, tiles, causal)[2]
-            per_cta[cta] += cost(q) + cta_steps
-            i += 1
         for item, lo, hi, valid in tail.pieces[cta, :, :4] if tail is not None else ():
             if valid:  # a piece walks its keys of the item's (all of them, not causal)
                 q = split_tail.item_coords(item, n, b, tiles, causal)[2]
@@ -277,10 +284,11 @@ def forward_kv_fetches(
     """How many times over the forward would fetch its K and V tiles from HBM through an
     L2 of `l2_bytes` kept least-recently-used: each CTA walks its items' key tiles one a
     step (persistent, its items in turn, as `fwd_kernel.item_at` orders them, head_rounds
-    included; else CTAs go to SMs as they free, in launch order), each step reading one
-    (batch element, head, key tile)'s K and V (bf16), the steps replayed in the order
-    they start. 1.0: every tile fetched once. Q, O and the L2's partitioning are left
-    out: a count of distances between a tile's reads, not of their time on the GPU."""
+    and greedy_items included; else CTAs go to SMs as they free, in launch order), each
+    step reading one (batch element, head, key tile)'s K and V (bf16), the steps
+    replayed in the order they start. 1.0: every tile fetched once. Q, O and the L2's
+    partitioning are left out: a count of distances between a tile's reads, not of
+    their time on the GPU."""
     if config.split_tail or config.kv_multicast:
         raise ValueError("split_tail's pieces and kv_multicast's clusters are not modelled")
     rows = config.consumers * config.block_q
@@ -294,15 +302,12 @@ def forward_kv_fetches(
         return start + steps + cta_steps
 
     if config.persistent:
-        items = n * tiles * b
-        ctas = min(items, H100_SMS)
-        order = _head_order(config, n, b, tiles, ctas, causal)
-        for cta in range(ctas):
-            clock, i = 0.0, 0
-            while (w := int(pipeline.persistent_item(cta, i, ctas, snake=causal))) < items:
-                e, h, q = _item_coords(w, order, n, b, tiles, causal)
+        ctas = min(n * tiles * b, H100_SMS)
+        cost = lambda q: causal_key_tiles(q * rows, rows, config.block_kv, t, causal)  # noqa: E731
+        for items in _cta_walks(config, n, b, tiles, ctas, causal, cost):
+            clock = 0.0
+            for e, h, q in items:
                 clock = walk(clock, e, h, q)
-                i += 1
     else:  # grid (heads, query tiles, batch), the last axis fastest, bottom tiles first
         free = [(0.0, sm) for sm in range(H100_SMS)]
         for h in range(n):

@@ -240,3 +240,23 @@ def test_forward_kv_fetches_tile_major_against_head_order():
             dataclasses.replace(row, head_rounds=False, early_q_load=False, split_tail=True),
             *shape,
         )
+
+
+def test_greedy_items_fill_as_the_grid_of_one_cta_per_item():
+    """greedy_items' list schedule, in the model, gives each CTA what the block scheduler
+    would give the grid of one CTA per item (the same hand-out, decided before the
+    kernel): at head dim 128 causal 4k / 8k (2048 items) it fills 0.99 or more of the
+    SMs' time as that grid does, where head_rounds' sorted rounds fill 0.970, walks every
+    item once and reads each K and V tile from HBM once (forward_kv_fetches)."""
+    row = fwd_config.default_mosaic_config(128, 4096, True)
+    heads = dataclasses.replace(row, persistent=True, head_rounds=True, early_q_load=True)
+    greedy = dataclasses.replace(heads, greedy_items=True)
+    for seq in (4096, 8192):
+        shape = (seq, 16384 // seq, 16, True)
+        grid_work, grid_end = launch_sim.fill(launch_sim.forward_costs(row, *shape, 0.5))
+        costs = {c: launch_sim.forward_costs(c, *shape, 0.5) for c in (heads, greedy)}
+        fills = {c: sum(x) / (132 * max(x)) for c, x in costs.items()}
+        assert sum(costs[greedy]) == pytest.approx(grid_work) == pytest.approx(sum(costs[heads]))
+        assert fills[greedy] == pytest.approx(grid_work / (132 * grid_end), abs=0.002)
+        assert fills[greedy] >= 0.99 and fills[heads] == pytest.approx(0.970, abs=0.002)
+        assert launch_sim.forward_kv_fetches(greedy, *shape, 128) == 1.0

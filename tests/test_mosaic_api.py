@@ -102,6 +102,10 @@ def test_forward_config_validation():
             MosaicConfig(head_rounds=True, **flags)
     with pytest.raises(ValueError, match="order_ranges .* needs head_rounds"):
         MosaicConfig(persistent=True, order_ranges=True)
+    heads = dict(persistent=True, head_rounds=True)
+    for flags in (dict(persistent=True), dict(heads, order_ranges=True)):
+        with pytest.raises(ValueError, match="greedy_items .* needs head_rounds, and not order"):
+            MosaicConfig(greedy_items=True, **flags)
     for slack in (-1.0, 64, True, "8"):
         with pytest.raises(ValueError, match="rescale_slack=.* None or a number from 0 to 64"):
             MosaicConfig(rescale_slack=slack)
@@ -189,6 +193,55 @@ def test_head_rounds_order_keeps_rounds_and_sorts_each():
             from_bottom = chunk % tiles
             assert (np.diff(from_bottom) >= 0).all(), (pairs, tiles, ctas, start)
     assert list(pipeline.head_rounds_order(2, 3, 4)) == [0, 3, 1, 2, 4, 5]
+
+
+def test_greedy_items_order_walks_each_item_once_as_the_block_scheduler_would():
+    """greedy_items' table: per-CTA counts, then each CTA's items (head_rounds' encoding,
+    0 past the count); every item once; each CTA's items in the grid's launch order
+    (heads, tiles from the bottom, batch elements); the first num_ctas items one to each
+    CTA, as a grid's first wave; and each item goes to the CTA whose modelled work ends
+    first (checked by replaying the hand-out)."""
+    for heads, batch, costs, ctas in [
+        (32, 16, [1, 2, 3, 4, 5, 6, 7, 8], 132),
+        (2, 3, [1, 2, 2, 3], 5),
+        (3, 1, [4, 4, 4], 4),
+    ]:
+        tiles = len(costs)
+        table = pipeline.greedy_items_order(costs, heads, batch, ctas)
+        assert table.dtype == np.int32 and table.shape == (len(table),)
+        counts, entries = table[:ctas], table[ctas:].reshape(-1, ctas)
+        lists = [list(entries[: counts[c], c]) for c in range(ctas)]
+        assert sorted(sum(lists, [])) == list(range(heads * batch * tiles))
+        assert all((entries[counts[c] :, c] == 0).all() for c in range(ctas))
+
+        def launch(w):  # the item's place in the grid's launch order
+            pair, d = divmod(int(w), tiles)
+            b, h = divmod(pair, heads)
+            return (h * tiles + d) * batch + b
+
+        assert all(list(map(launch, walk)) == sorted(map(launch, walk)) for walk in lists)
+        owner = {launch(w): c for c, walk in enumerate(lists) for w in walk}
+        assert [owner[x] for x in range(min(ctas, len(owner)))] == list(
+            range(min(ctas, len(owner)))
+        )
+        ends = [0.0] * ctas
+        for x in range(len(owner)):
+            c = owner[x]
+            assert ends[c] == min(ends), (heads, batch, costs, ctas, x)
+            d = x // batch % tiles
+            ends[c] += costs[tiles - 1 - d] + pipeline.GREEDY_ITEM_STEPS
+
+
+def test_nominal_key_tiles_follow_the_mask():
+    """The list schedule's costs: a query span's key tiles under the mask at the call's
+    lengths (causal top-left, bottom-right, a window, no mask)."""
+    causal = masks.MaskSpec(causal=True)
+    assert list(pipeline.nominal_key_tiles(causal, 1000, 1000, 8, 128, 128)) == list(range(1, 9))
+    right = masks.MaskSpec(causal=True, bottom_right=True)
+    assert list(pipeline.nominal_key_tiles(right, 256, 512, 2, 128, 128)) == [3, 4]
+    window = masks.MaskSpec(causal=True, local_window=(128, 0))
+    assert list(pipeline.nominal_key_tiles(window, 512, 512, 4, 128, 128)) == [1, 2, 2, 2]
+    assert list(pipeline.nominal_key_tiles(masks.MaskSpec(), 300, 500, 3, 128, 128)) == [4] * 3
 
 
 def test_order_rows_hold_each_items_range_and_lengths():
