@@ -58,15 +58,17 @@ case $call in
   5) # (any card) greedy_items: the persistent causal grid's items from a list schedule in
     # the one-CTA-per-item grid's launch order (by launch_sim as even as that grid, where
     # head_rounds' sorted rounds fill 0.970), first compiled (the same bits as the tile-
-    # major grid on the 16 causal cases), then timed beside the default and tokamax at
-    # head dim 128 causal 2k-16k and beside the default at 64 causal 1k / 2k / 8k.
+    # major grid on the 16 causal cases), then timed beside the default, cuDNN and
+    # tokamax at head dim 128 causal 2k-16k (on the H200 the default's cells count:
+    # JAX's Mosaic FA3 trailed tokamax at every causal point of run q) and beside the
+    # default at head dim 64 causal 1k / 2k.
     L=$M/persistent=true/head_rounds=true/early_q_load=true/greedy_items=true
-    MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=150 \
-      MOSAIC_TESTS_K="head_rounds_changes_no_bit and greedy" timeout 170 bash $G "$C" mosaic-tests
-    FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,$L,tokamax:mosaic \
-      timeout 230 bash $G "$C" mosaic-fa:128:true
+    MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=130 \
+      MOSAIC_TESTS_K="head_rounds_changes_no_bit and greedy" timeout 150 bash $G "$C" mosaic-tests
+    FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 \
+      MOSAIC_FA_IMPLS=$M,$L,jax.nn:cudnn,tokamax:mosaic timeout 290 bash $G "$C" mosaic-fa:128:true
     keep fa-mosaic-128-true-greedy
-    FA_PASSES=fwd FA_SEQS=1024,2048,8192 MOSAIC_FA_IMPLS=$M,$L timeout 150 \
+    FA_PASSES=fwd FA_SEQS=1024,2048 MOSAIC_FA_IMPLS=$M,$L timeout 110 \
       bash $G "$C" mosaic-fa:64:true
     keep fa-mosaic-64-true-greedy ;;
   *) echo "next_calls: no call $call (1 to 5)" >&2; exit 2 ;;
