@@ -348,7 +348,7 @@ def _greedy_lists(tile_costs: tuple, heads: int, batch: int, num_ctas: int):
                 end, cta = heapq.heappop(free)
                 lists[cta].append((b * heads + h) * tiles + d)
                 heapq.heappush(free, (end + cost, cta))
-    return lists
+    return tuple(map(tuple, lists))  # cached: not to be changed by a caller
 
 
 def greedy_items_order(tile_costs, heads: int, batch: int, num_ctas: int) -> np.ndarray:
