@@ -67,9 +67,10 @@ def _cta_walks(config, n: int, b: int, tiles: int, ctas: int, causal: bool, cost
     items = n * tiles * b
     coords = lambda w: tuple(int(x) for x in pipeline.head_rounds_coords(int(w), n, tiles))  # noqa: E731
     if config.head_rounds and causal and config.greedy_items:
-        table = pipeline.greedy_items_order([cost(q) for q in range(tiles)], n, b, ctas)
-        counts, entries = table[:ctas], table[ctas:].reshape(-1, ctas)
-        return [[coords(w) for w in entries[: counts[c], c]] for c in range(ctas)]
+        costs = tuple(cost(q) for q in range(tiles))
+        return [
+            list(map(coords, items)) for items in pipeline.greedy_items_lists(costs, n, b, ctas)
+        ]
     order = (
         pipeline.head_rounds_order(n * b, tiles, ctas) if config.head_rounds and causal else None
     )

@@ -337,7 +337,10 @@ GREEDY_ITEM_STEPS = 0.5
 
 
 @functools.lru_cache(maxsize=64)
-def _greedy_lists(tile_costs: tuple, heads: int, batch: int, num_ctas: int):
+def greedy_items_lists(tile_costs: tuple, heads: int, batch: int, num_ctas: int):
+    """greedy_items' schedule (greedy_items_order says how it is made): for each CTA, its
+    items in the order it walks them, in head_rounds_order's encoding. `tile_costs`: a
+    tuple (the schedule is cached), each query tile's key tiles from the top."""
     tiles = len(tile_costs)
     free = [(0.0, cta) for cta in range(num_ctas)]  # (modelled end of its work, CTA)
     lists = [[] for _ in range(num_ctas)]
@@ -361,7 +364,7 @@ def greedy_items_order(tile_costs, heads: int, batch: int, num_ctas: int) -> np.
     int32 [(slots + 1) * num_ctas]: entry `cta` is the count of CTA cta's items, entry
     `(i + 1) * num_ctas + cta` its i-th, encoded as head_rounds_order's (pair * num_q_tiles
     + d, d from the bottom), 0 past its count."""
-    lists = _greedy_lists(tuple(int(c) for c in tile_costs), heads, batch, num_ctas)
+    lists = greedy_items_lists(tuple(int(c) for c in tile_costs), heads, batch, num_ctas)
     table = np.zeros((max(map(len, lists)) + 1, num_ctas), np.int32)
     for cta, items in enumerate(lists):
         table[0, cta] = len(items)
