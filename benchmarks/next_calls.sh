@@ -71,5 +71,17 @@ case $call in
     FA_PASSES=fwd FA_SEQS=1024,2048 MOSAIC_FA_IMPLS=$M,$L timeout 110 \
       bash $G "$C" mosaic-fa:64:true
     keep fa-mosaic-64-true-greedy ;;
-  *) echo "next_calls: no call $call (1 to 5)" >&2; exit 2 ;;
+  6) # (H) calls 3 and 5 in one, for a session that may get the H200 once: the head-dim-
+    # 128 forward not causal 2k-16k beside the three peers (call 3's first half), then
+    # causal 2k-16k, the default and greedy_items beside cuDNN and tokamax (call 5's
+    # timing, without its compiled tests: a timing decides whether greedy_items should be
+    # a row, its compiled tests whether it may).
+    L=$M/persistent=true/head_rounds=true/early_q_load=true/greedy_items=true
+    FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,$PEERS timeout 275 \
+      bash $G "$C" mosaic-fa:128:false
+    keep fa-mosaic-128-false-fwd-2k-16k
+    FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 \
+      MOSAIC_FA_IMPLS=$M,$L,jax.nn:cudnn,tokamax:mosaic timeout 280 bash $G "$C" mosaic-fa:128:true
+    keep fa-mosaic-128-true-greedy ;;
+  *) echo "next_calls: no call $call (1 to 6)" >&2; exit 2 ;;
 esac

@@ -301,7 +301,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"1": 0, "3": 0, "4": 1, "5": 1}
+_CALL_VARIANTS = {"1": 0, "3": 0, "4": 1, "5": 1, "6": 1}
 
 
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
@@ -366,6 +366,12 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
         assert "jax.nn:cudnn" in benches[0] and "tokamax:mosaic" in benches[0]
         assert all(_option(c, "--causal") == "true" for c in benches)
         assert any("-m pytest -m gpu tests/test_mosaic.py" in c for c in calls)
+    if call == "6":  # call 3's non-causal half, then call 5's head-dim-128 timing
+        assert [_option(c, "--head-dims") for c in benches] == ["128", "128"]
+        assert [_option(c, "--causal") for c in benches] == ["false", "true"]
+        assert [_option(c, "--seqs") for c in benches] == ["2048,4096,8192,16384"] * 2
+        assert "jax:mosaic_fa3" in benches[0] and "tokamax:mosaic" in benches[1]
+        assert not any("-m pytest" in c for c in calls)
 
 
 def test_next_calls_compiled_tests_select_the_new_row(next_calls):
@@ -393,5 +399,5 @@ def test_next_calls_compiled_tests_select_the_new_row(next_calls):
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):
-    proc, calls, _ = next_calls("6")
-    assert proc.returncode == 2 and "no call 6" in proc.stderr and not calls
+    proc, calls, _ = next_calls("7")
+    assert proc.returncode == 2 and "no call 7" in proc.stderr and not calls
