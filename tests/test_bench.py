@@ -613,7 +613,9 @@ def test_mosaic_config_variants_are_named_by_their_fields(monkeypatch):
     for causal in (False, True):
         impls.lookup("pallas_flash:mosaic/num_stages=2").fn(q, q, q, causal=causal)
         assert seen["config"].persistent and seen["config"].head_rounds is causal
-    assert not mosaic_config.default_mosaic_config(128, 4096, True).persistent
+    listed = mosaic_config.default_mosaic_config(128, 4096, True)  # the list schedule's
+    assert listed.persistent and listed.greedy_items and listed.early_q_load  # row, to 8k
+    assert not mosaic_config.default_mosaic_config(128, 16384, True).persistent
     seen.clear()  # a field both configs have is set in both
     impls.lookup("pallas_flash:mosaic/row_bound_mask=false").fn(q, q, q, causal=True)
     assert not seen["config"].row_bound_mask and not seen["backward_config"].row_bound_mask

@@ -272,7 +272,8 @@ def test_default_is_persistent_only_where_measured_faster():
     """Head dim 64 (33-64 padded) when not causal (1.05-1.13x up to 2048 keys,
     1.02-1.03x from 4k to 16k) and causal up to 4096 keys in head order (tile-major 0.81x
     at 4k; head order 1.02-1.05x there, 0.97x at 8k), head dim 128 when not causal
-    (1.00-1.06x) or causal up to 2048 keys in head order, and head dim 256 when not
+    (1.00-1.06x) or causal up to 2048 keys in head order (to 8192 with the list
+    schedule's items, greedy_items), and head dim 256 when not
     causal up to 16384 keys (1.01-1.05x); slower at 128 and 256 causal, and not timed at
     256 beyond 16k (mosaic/config.py). Causal None (not known): only what wins both
     ways."""
@@ -291,7 +292,9 @@ def test_default_is_persistent_only_where_measured_faster():
         (128, 1024, None, False),
         (128, 1024, True, True),
         (128, 2048, True, True),
-        (128, 2049, True, False),
+        (128, 2049, True, True),  # and from the list schedule up to 8192 (greedy_items)
+        (128, 8192, True, True),
+        (128, 8193, True, False),
         (128, 1024, False, True),
         (96, None, False, True),  # padded to 128
         (128, None, True, False),
@@ -309,6 +312,8 @@ def test_default_is_persistent_only_where_measured_faster():
         rounds = want and causal is not False and padded_head_dim(head_dim) <= 128
         assert config.head_rounds == rounds, (head_dim, seq_k, causal)
         assert config.early_q_load == (rounds and causal is True), (head_dim, seq_k, causal)
+        listed = padded_head_dim(head_dim) == 128 and causal is True and 2048 < (seq_k or 0)
+        assert config.greedy_items == (want and listed), (head_dim, seq_k, causal)
         # O has its own buffer where persistent, except at 256 (no room: through Q's).
         hp = padded_head_dim(head_dim)
         assert config.o_buffer(hp) == (want and hp != 256), (head_dim, seq_k, causal)

@@ -829,6 +829,17 @@ HEAD_ROUNDS = True
 # dim 128 4096 keys 1.01x / 0.98x: so 4096, at head dim 64 only.
 HEAD_ROUNDS_MAX_KEYS_64 = 4096
 
+# Key lengths above PERSISTENT_MAX_KEYS up to which the head-dim-128 causal row is
+# persistent with its items from the list schedule (MosaicConfig.greedy_items: head
+# order's items handed out, before the kernel, as the block scheduler hands out the grid
+# of one CTA per item; early Q loads). On an H100 at 4db759e (bf16, B x T = 16k, forward
+# TFLOP/s, one process; results/mosaic-4db759e/fa-mosaic-128-true-greedy.jsonl): 540.0 /
+# 592.4 / 601.0 at 4k / 8k / 16k against the one-CTA-per-item row's 508.1 / 576.8 /
+# 612.0 (1.063x / 1.027x / 0.982x), tokamax 498.4 / 545.5 / 611.5. So to 8192 keys; at
+# 16k the grid keeps the lead. Compiled there, its bits equal the tile-major grid's on
+# the 16 causal cases (mosaic-tests.log there). One process on an H100, not the H200.
+GREEDY_ITEMS_MAX_KEYS_128 = 8192
+
 
 # Key lengths up to which the head-dim-192/256 default is persistent when not causal
 # (measured at 1k, 2k, 4k, 8k and 16k).
@@ -885,9 +896,18 @@ def default_mosaic_config(
     if hp <= 128:
         # Persistent when not causal: 1.06x / 1.06x / 1.00x / 1.01x at 1k / 2k / 8k /
         # 16k; causal 0.90-0.98x tile-major (module docstring), but in head order with
-        # early Q loads at up to 2048 keys (HEAD_ROUNDS' comment).
+        # early Q loads at up to 2048 keys (HEAD_ROUNDS' comment), and up to 8192 with
+        # the list schedule's items (GREEDY_ITEMS_MAX_KEYS_128's comment).
         short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS
         short_causal = HEAD_ROUNDS and short and causal is True
+        # Causal above that up to GREEDY_ITEMS_MAX_KEYS_128: persistent too, its items
+        # from the list schedule (that constant's comment).
+        listed = (
+            HEAD_ROUNDS
+            and causal is True
+            and seq_k is not None
+            and PERSISTENT_MAX_KEYS < seq_k <= GREEDY_ITEMS_MAX_KEYS_128
+        )
         # Non-causal from 4096 keys, the last round split and merged in the kernel
         # (TAIL_FIXUP's comment).
         split = (
@@ -898,14 +918,15 @@ def default_mosaic_config(
             block_kv=128,
             num_stages=2,
             early_k_wait=True,
-            persistent=causal is False or short_causal,
+            persistent=causal is False or short_causal or listed,
             q_register_cols=Q_REGISTER_COLS,
             named_turns=NAMED_TURNS_DEFAULT,
             rescale_slack=slack,
-            early_q_load=short_causal,
+            early_q_load=short_causal or listed,
             split_tail=split,
             tail_fixup=split,
-            head_rounds=short_causal,
+            head_rounds=short_causal or listed,
+            greedy_items=listed,
         )
     # Persistent when not causal up to 16384 keys: 1.01-1.05x at 1k-16k (docstring).
     short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS_256
