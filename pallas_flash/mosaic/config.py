@@ -898,16 +898,14 @@ def default_mosaic_config(
         # 16k; causal 0.90-0.98x tile-major (module docstring), but in head order with
         # early Q loads at up to 2048 keys (HEAD_ROUNDS' comment), and up to 8192 with
         # the list schedule's items (GREEDY_ITEMS_MAX_KEYS_128's comment).
-        short = seq_k is not None and seq_k <= PERSISTENT_MAX_KEYS
-        short_causal = HEAD_ROUNDS and short and causal is True
-        # Causal above that up to GREEDY_ITEMS_MAX_KEYS_128: persistent too, its items
-        # from the list schedule (that constant's comment).
-        listed = (
+        head_order = (
             HEAD_ROUNDS
             and causal is True
             and seq_k is not None
-            and PERSISTENT_MAX_KEYS < seq_k <= GREEDY_ITEMS_MAX_KEYS_128
+            and seq_k <= GREEDY_ITEMS_MAX_KEYS_128
         )
+        # Above PERSISTENT_MAX_KEYS, its items from the list schedule.
+        listed = head_order and seq_k > PERSISTENT_MAX_KEYS
         # Non-causal from 4096 keys, the last round split and merged in the kernel
         # (TAIL_FIXUP's comment).
         split = (
@@ -918,14 +916,14 @@ def default_mosaic_config(
             block_kv=128,
             num_stages=2,
             early_k_wait=True,
-            persistent=causal is False or short_causal or listed,
+            persistent=causal is False or head_order,
             q_register_cols=Q_REGISTER_COLS,
             named_turns=NAMED_TURNS_DEFAULT,
             rescale_slack=slack,
-            early_q_load=short_causal or listed,
+            early_q_load=head_order,
             split_tail=split,
             tail_fixup=split,
-            head_rounds=short_causal or listed,
+            head_rounds=head_order,
             greedy_items=listed,
         )
     # Persistent when not causal up to 16384 keys: 1.01-1.05x at 1k-16k (docstring).
