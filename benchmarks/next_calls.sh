@@ -17,6 +17,11 @@ keep() {
   else echo "next_calls: no rows for $1" >&2; fi
 }
 PEERS=jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3
+# greedy_items on the persistent causal grid (the head-dim-128 causal default of 2049-8192
+# keys since e095dff), and the one-CTA-per-item row it replaced there: beside the
+# default, each is timed only at lengths where it is not the default's own config.
+GREEDY=$M/persistent=true/head_rounds=true/early_q_load=true/greedy_items=true
+PER_ITEM=$M/persistent=false/head_rounds=false/early_q_load=false/greedy_items=false
 case $call in
   1) # (H) the forward beside the three peers on the H200 where the 54th and 55th sessions
     # moved the default (causal, head dims 64 up to 4096 keys and 128 up to 2048:
@@ -58,30 +63,28 @@ case $call in
   5) # (any card) greedy_items: the persistent causal grid's items from a list schedule in
     # the one-CTA-per-item grid's launch order (by launch_sim as even as that grid, where
     # head_rounds' sorted rounds fill 0.970), first compiled (the same bits as the tile-
-    # major grid on the 16 causal cases), then timed beside the default, cuDNN and
-    # tokamax at head dim 128 causal 2k-16k (on the H200 the default's cells count:
-    # JAX's Mosaic FA3 trailed tokamax at every causal point of run q) and beside the
-    # default at head dim 64 causal 1k / 2k.
-    L=$M/persistent=true/head_rounds=true/early_q_load=true/greedy_items=true
+    # major grid on the 16 causal cases), then at head dim 128 causal 2k-8k the default
+    # (greedy_items from 4k since e095dff) beside the one-CTA-per-item row, cuDNN and
+    # tokamax (on the H200 the default's cells count: JAX's Mosaic FA3 trailed tokamax
+    # at every causal point of run q), and greedy_items beside the default at head dim
+    # 64 causal 1k / 2k.
     MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=130 \
       MOSAIC_TESTS_K="head_rounds_changes_no_bit and greedy" timeout 150 bash $G "$C" mosaic-tests
-    FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 \
-      MOSAIC_FA_IMPLS=$M,$L,jax.nn:cudnn,tokamax:mosaic timeout 290 bash $G "$C" mosaic-fa:128:true
+    FA_PASSES=fwd FA_SEQS=2048,4096,8192 \
+      MOSAIC_FA_IMPLS=$M,$PER_ITEM,jax.nn:cudnn,tokamax:mosaic timeout 250 bash $G "$C" mosaic-fa:128:true
     keep fa-mosaic-128-true-greedy
-    FA_PASSES=fwd FA_SEQS=1024,2048 MOSAIC_FA_IMPLS=$M,$L timeout 110 \
+    FA_PASSES=fwd FA_SEQS=1024,2048 MOSAIC_FA_IMPLS=$M,$GREEDY timeout 110 \
       bash $G "$C" mosaic-fa:64:true
     keep fa-mosaic-64-true-greedy ;;
   6) # (H) calls 3 and 5 in one, for a session that may get the H200 once: the head-dim-
     # 128 forward not causal 2k-16k beside the three peers (call 3's first half), then
-    # causal 2k-16k, the default and greedy_items beside cuDNN and tokamax (call 5's
-    # timing, without its compiled tests: a timing decides whether greedy_items should be
-    # a row, its compiled tests whether it may).
-    L=$M/persistent=true/head_rounds=true/early_q_load=true/greedy_items=true
+    # call 5's head-dim-128 timing (causal 2k-8k, the default beside the one-CTA-per-item
+    # row, cuDNN and tokamax) without its compiled tests.
     FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,$PEERS timeout 275 \
       bash $G "$C" mosaic-fa:128:false
     keep fa-mosaic-128-false-fwd-2k-16k
-    FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 \
-      MOSAIC_FA_IMPLS=$M,$L,jax.nn:cudnn,tokamax:mosaic timeout 280 bash $G "$C" mosaic-fa:128:true
+    FA_PASSES=fwd FA_SEQS=2048,4096,8192 \
+      MOSAIC_FA_IMPLS=$M,$PER_ITEM,jax.nn:cudnn,tokamax:mosaic timeout 250 bash $G "$C" mosaic-fa:128:true
     keep fa-mosaic-128-true-greedy ;;
   *) echo "next_calls: no call $call (1 to 6)" >&2; exit 2 ;;
 esac

@@ -301,7 +301,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"1": 0, "3": 0, "4": 1, "5": 1, "6": 1}
+_CALL_VARIANTS = {"1": 0, "3": 0, "4": 1, "5": 2, "6": 1}
 
 
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
@@ -310,10 +310,11 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
     every implementation it names is one the harness knows; each Mosaic config variant
     builds its forward and backward configs (fields that exist, combinations the configs
     accept, shared memory and registers that fit) at every head dim, causal flag and
-    length the call times, so no device time goes on a variant that cannot run."""
+    length the call times, so no device time goes on a variant that cannot run, nor on
+    one that is the default's forward there."""
     from benchmarks import impls
     from pallas_flash.mosaic.backward import check_fits
-    from pallas_flash.mosaic.config import SMEM_BYTES, padded_head_dim
+    from pallas_flash.mosaic.config import SMEM_BYTES, default_mosaic_config, padded_head_dim
 
     proc, calls, tree = next_calls(call)
     assert proc.returncode == 0, proc.stderr
@@ -334,6 +335,8 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
             variants.add(name)
             for h, c, s in ((h, c, s) for h in head_dims for c in causal for s in seqs):
                 fwd, bwd = impls.variant_configs(name, h, s, c)
+                # beside the default, never the default's own forward under another name
+                assert fwd != default_mosaic_config(h, s, c), (name, h, c, s)
                 assert fwd.smem_bytes(padded_head_dim(h)) <= SMEM_BYTES, (name, h)
                 check_fits(bwd, padded_head_dim(h))
     assert len(variants) == _CALL_VARIANTS[call], variants
@@ -362,14 +365,14 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
         )
     if call == "5":  # greedy_items at head dims 128 and 64 causal, after its compiled tests
         assert [_option(c, "--head-dims") for c in benches] == ["128", "64"]
-        assert [_option(c, "--seqs") for c in benches] == ["2048,4096,8192,16384", "1024,2048"]
+        assert [_option(c, "--seqs") for c in benches] == ["2048,4096,8192", "1024,2048"]
         assert "jax.nn:cudnn" in benches[0] and "tokamax:mosaic" in benches[0]
         assert all(_option(c, "--causal") == "true" for c in benches)
         assert any("-m pytest -m gpu tests/test_mosaic.py" in c for c in calls)
     if call == "6":  # call 3's non-causal half, then call 5's head-dim-128 timing
         assert [_option(c, "--head-dims") for c in benches] == ["128", "128"]
         assert [_option(c, "--causal") for c in benches] == ["false", "true"]
-        assert [_option(c, "--seqs") for c in benches] == ["2048,4096,8192,16384"] * 2
+        assert [_option(c, "--seqs") for c in benches] == ["2048,4096,8192,16384", "2048,4096,8192"]
         assert "jax:mosaic_fa3" in benches[0] and "tokamax:mosaic" in benches[1]
         assert not any("-m pytest" in c for c in calls)
 
