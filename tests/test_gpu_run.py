@@ -301,7 +301,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"1": 0, "3": 0, "4": 1, "5": 2, "6": 1}
+_CALL_VARIANTS = {"1": 0, "3": 0, "4": 1, "5": 2, "6": 1, "7": 1}
 
 
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
@@ -314,6 +314,7 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
     one that is the default's forward there."""
     from benchmarks import impls
     from pallas_flash.mosaic.backward import check_fits
+    from pallas_flash.mosaic.bwd_config import default_mosaic_bwd_config
     from pallas_flash.mosaic.config import SMEM_BYTES, default_mosaic_config, padded_head_dim
 
     proc, calls, tree = next_calls(call)
@@ -328,6 +329,7 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
         head_dims = [int(h) for h in dims.split(",")]
         causal = {"true": [True], "false": [False]}.get(_option(line, "--causal"), [False, True])
         seqs = [int(s) for s in (_option(line, "--seq" if one else "--seqs") or "8192").split(",")]
+        passes = _option(line, "--passes" if not one else "--pass") or "fwd+bwd"
         for name in _option(line, "--impl" if one else "--impls").split(","):
             impls.lookup(name)  # KeyError for a name the harness lacks
             if not name.startswith(impls.VARIANT_BASE + "/"):
@@ -335,8 +337,16 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
             variants.add(name)
             for h, c, s in ((h, c, s) for h in head_dims for c in causal for s in seqs):
                 fwd, bwd = impls.variant_configs(name, h, s, c)
-                # beside the default, never the default's own forward under another name
-                assert fwd != default_mosaic_config(h, s, c), (name, h, c, s)
+                # beside the default, never the default's own configs of the pass timed
+                # (fwd, bwd, or fwd+bwd) under another name
+                new_fwd = fwd != default_mosaic_config(h, s, c)
+                new_bwd = bwd != default_mosaic_bwd_config(h, c)
+                assert {"fwd": new_fwd, "bwd": new_bwd}.get(passes, new_fwd or new_bwd), (
+                    name,
+                    h,
+                    c,
+                    s,
+                )
                 assert fwd.smem_bytes(padded_head_dim(h)) <= SMEM_BYTES, (name, h)
                 check_fits(bwd, padded_head_dim(h))
     assert len(variants) == _CALL_VARIANTS[call], variants
@@ -375,6 +385,12 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
         assert [_option(c, "--seqs") for c in benches] == ["2048,4096,8192,16384", "2048,4096,8192"]
         assert "jax:mosaic_fa3" in benches[0] and "tokamax:mosaic" in benches[1]
         assert not any("-m pytest" in c for c in calls)
+    if call == "7":  # the backward's split at head dim 128 non-causal, after its compiled test
+        assert [_option(c, "--passes") for c in benches] == ["bwd", "bwd"]
+        assert [_option(c, "--causal") for c in benches] == ["false", "false"]
+        assert [_option(c, "--seqs") for c in benches] == ["4096,8192,16384", "8192,16384"]
+        assert all("jax.nn:cudnn" in c and "split_tail=true" in c for c in benches)
+        assert "-k split_tail_backward" in _one(calls, "-m pytest -m gpu tests/test_mosaic.py")
 
 
 def test_next_calls_compiled_tests_select_the_new_row(next_calls):
@@ -402,5 +418,5 @@ def test_next_calls_compiled_tests_select_the_new_row(next_calls):
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):
-    proc, calls, _ = next_calls("7")
-    assert proc.returncode == 2 and "no call 7" in proc.stderr and not calls
+    proc, calls, _ = next_calls("8")
+    assert proc.returncode == 2 and "no call 8" in proc.stderr and not calls
