@@ -338,7 +338,7 @@ def report(
     `bands` heads (`MosaicBwdConfig.span_band`); with `add_steps`, the fused kernel's
     fill with its ordered adds waited on too (ordered_adds_fill), and with `high_first`
     that fill launched from the last span down (high_spans_first, the head-dim-64
-    causal default's order; the bands and the split are modelled in the plain order);
+    causal default's order; the split, in each band, is modelled in the plain order);
     with `l2`, the fused kernel's query-side tiles' fetches from HBM over the
     compulsory (l2_rereads, on that schedule)."""
     if tokens % seq:
@@ -363,13 +363,13 @@ def report(
         high_spans_first=False,
     )
     for band in bands:
-        for split in (False, True) if band == 1 else (False,):
+        for split in (False, True):
             config = dataclasses.replace(bwd, span_band=band, split_tail=split)
             parts = backward_costs(config, seq, b, n, n, causal, cta_steps)
             ends = [fill(c) for _, c in parts]
             total = sum(w for w, _ in ends) / (H100_SMS * sum(e for _, e in ends))
             names = "+".join(f"{name} {len(c)}" for name, c in parts)
-            what = "split" if split else f"band {band}"
+            what = f"band {band}{' split' if split else ''}"
             line += f" | bwd {what}: {names} CTAs fill {total:.3f}"
             if add_steps is not None and config.fused:
                 chained = ordered_adds_fill(config, seq, b, n, n, causal, cta_steps, add_steps)

@@ -27,6 +27,7 @@ PER_ITEM=$M/persistent=false/head_rounds=false/early_q_load=false/greedy_items=f
 BWD_SPLIT=$M/split_tail=true
 # and the backward's key spans launched in bands of 4 heads, the causal row's order.
 BWD_BANDS=$M/span_band=4
+BWD_SPLIT_BANDS=$M/split_tail=true/span_band=4
 case $call in
   1) # (H) the forward beside the three peers on the H200 where the 54th and 55th sessions
     # moved the default (causal, head dims 64 up to 4096 keys and 128 up to 2048:
@@ -94,19 +95,20 @@ case $call in
   7) # (any card; on the H200 its cells count) the backward's turns and last wave at head
     # dim 128 non-causal, where it is level with cuDNN from 8k (0.98-0.99x on the H200):
     # the grid's 2048 equal CTAs fill 15.5 waves of 132 SMs, and a head's spans queue for
-    # their dQ adds' turns (launch_sim --add-steps 1: 0.947 / 0.951 at 8k / 16k). The
-    # last wave split by query tiles fills 0.967 / 0.972 by that model (one H100 run at
+    # their dQ adds' turns (launch_sim --add-steps 1: 0.947 / 0.951 at 8k / 16k). By that
+    # model the last wave split by query tiles fills 0.967 / 0.972 (one H100 run at
     # 00676b3: 1.007x / 1.029x / 0.997x at 4k / 8k / 16k), bands of 4 heads 0.959 / 0.962
-    # (never timed without a mask). The split's compiled test on the fused default (3
-    # cases; bands of 4 passed theirs on these rows at 1fc58b7), then both beside the
-    # default and cuDNN at 4k / 8k / 16k, and a second process at 16k in reverse order.
-    MOSAIC_TESTS_WORKERS=3 MOSAIC_TESTS_TIMEOUT=120 \
-      MOSAIC_TESTS_K="split_tail_backward" timeout 140 bash $G "$C" mosaic-tests
-    FA_PASSES=bwd FA_SEQS=4096,8192,16384 MOSAIC_FA_IMPLS=$M,$BWD_SPLIT,$BWD_BANDS,jax.nn:cudnn \
-      timeout 270 bash $G "$C" mosaic-fa:128:false
+    # (never timed without a mask), both 0.981 / 0.988. The split's compiled tests on the
+    # default rows, plain and in bands (6 cases; bands alone passed theirs at 1fc58b7),
+    # then the default beside the split, both, and cuDNN at 4k-16k, and a second process
+    # at 8k / 16k in reverse order with bands alone.
+    MOSAIC_TESTS_WORKERS=6 MOSAIC_TESTS_TIMEOUT=110 \
+      MOSAIC_TESTS_K="split_tail_backward" timeout 130 bash $G "$C" mosaic-tests
+    FA_PASSES=bwd FA_SEQS=4096,8192,16384 \
+      MOSAIC_FA_IMPLS=$M,$BWD_SPLIT,$BWD_SPLIT_BANDS,jax.nn:cudnn timeout 270 bash $G "$C" mosaic-fa:128:false
     keep fa-mosaic-128-false-bwd-split
-    FA_PASSES=bwd FA_SEQS=16384 MOSAIC_FA_IMPLS=jax.nn:cudnn,$BWD_BANDS,$BWD_SPLIT,$M \
-      timeout 120 bash $G "$C" mosaic-fa:128:false
+    FA_PASSES=bwd FA_SEQS=8192,16384 MOSAIC_FA_BUDGET=100 \
+      MOSAIC_FA_IMPLS=jax.nn:cudnn,$BWD_BANDS,$BWD_SPLIT_BANDS,$M timeout 160 bash $G "$C" mosaic-fa:128:false
     keep fa-mosaic-128-false-bwd-split-2 ;;
   *) echo "next_calls: no call $call (1 to 7)" >&2; exit 2 ;;
 esac

@@ -367,13 +367,17 @@ SPLIT_TAIL_CASE = Case(
         (SPLIT_TAIL_CASE, pair_mosaic_bwd_config(64)),  # the pair's dK/dV kernel
         (SPLIT_TAIL_CASE, FUSED_ROWS),  # the fused kernel: its dQ adds over the pieces
         (Case(2, 200, 300, 4, 2, 128, F16), FUSED),  # no mask
+        # the whole CTAs in bands of 2 heads (10 of 12 on 5 SMs), then the last two in
+        # pieces: spans of two heads, where the plain order would put two of one head's
+        (Case(1, 512, 300, 4, 4, 128, F16), dataclasses.replace(FUSED, span_band=2)),
     ],
-    ids=["pair", "fused", "fused-no-mask"],
+    ids=["pair", "fused", "fused-no-mask", "fused-bands"],
 )
 def test_interpret_split_tail_matches_the_reference_and_the_whole_grid(case, config):
     """The last wave in pieces: the reference's tolerance; dQ (the same adds in the same
     turns) bit for bit the plain grid's, dK and dV within float32 summing of it."""
     split = dataclasses.replace(config, split_tail=True)
+    config = dataclasses.replace(config, span_band=1)
     spans = -(-case.seq_kv // (config.key_tiles_dkv * config.block_kv_dkv))
     assert case.kv_heads * spans * case.batch % mosaic_backward._TAIL_SMS  # a last wave
     dq, dk, dv = _compare(case, split, True, seed=_seed(case))
@@ -386,13 +390,13 @@ def test_interpret_split_tail_matches_the_reference_and_the_whole_grid(case, con
 
 
 def test_split_tail_refuses_the_other_launch_orders():
-    """split_tail lays the grid out itself: not with rotated_adds, dkdv_q_multicast or
-    span_band (a ValueError naming them, before anything is built)."""
+    """split_tail lays the grid out itself: not with rotated_adds or dkdv_q_multicast (a
+    ValueError naming them, before anything is built); span_band's order it takes."""
     pair = pair_mosaic_bwd_config(64)
+    assert dataclasses.replace(FUSED, split_tail=True, span_band=2).span_band == 2
     for base, flags in (
         (FUSED, dict(rotated_adds=True)),
         (pair, dict(dkdv_q_multicast=True)),
-        (FUSED, dict(span_band=2)),
     ):
         with pytest.raises(ValueError, match="split_tail .* not with rotated_adds"):
             dataclasses.replace(base, split_tail=True, **flags)
@@ -888,19 +892,20 @@ SPLIT_TAIL_GPU_CASES = [
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("band", [1, BWD_CAUSAL_SPAN_BAND], ids=["plain", "bands"])
 @pytest.mark.parametrize("case", SPLIT_TAIL_GPU_CASES, ids=lambda c: c.id)
-def test_gpu_split_tail_backward_matches_reference(case):
-    """The backward's split_tail compiled on the call's default row, in the plain launch
-    order (split_tail lays the grid out in its own, so not with the causal rows' bands
-    or high_spans_first): the reference's tolerance, dQ bit for bit the plain grid's, dK
-    and dV within float32 summing of it, the same bits twice."""
+def test_gpu_split_tail_backward_matches_reference(case, band):
+    """The backward's split_tail compiled on the call's default row, its whole CTAs in
+    the plain launch order or in bands of heads (not high_spans_first's, which needs
+    rotated_adds): the reference's tolerance, dQ bit for bit the plain grid's without
+    the split, dK and dV within float32 summing of it, the same bits twice."""
     config = dataclasses.replace(
         default_mosaic_bwd_config(case.head_dim, case.causal),
         span_band=1,
         rotated_adds=False,
         high_spans_first=False,
     )
-    split = dataclasses.replace(config, split_tail=True)
+    split = dataclasses.replace(config, split_tail=True, span_band=band)
     got = _compare(case, split, False, seed=_seed(case))
     dq0, dk0, dv0 = _compare(case, config, False, seed=_seed(case))
     chex.assert_trees_all_equal(got[0], dq0)

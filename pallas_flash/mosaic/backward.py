@@ -369,7 +369,7 @@ def backward(
     )(q_len, kv_len, ranges, *inputs, *order, *(() if tail is None else (tail.table,)))
     dk, dv = outs[:2]
     if tail is not None:  # the split spans' dK and dV: their pieces' sums
-        coords = split_tail.span_coords(tail.items, spans, B)
+        coords = split_tail.span_coords(tail.items, spans, B, band)
         dk = split_tail.sum_pieces(dk, outs[-2], tail, coords, keys_dkv)
         dv = split_tail.sum_pieces(dv, outs[-1], tail, coords, keys_dkv)
     if fused:

@@ -426,7 +426,9 @@ class MosaicBwdConfig:
       call to call. By the launch model it fills 0.987-0.998 at head dim 128 and
       0.993-1.000 at 64 without a mask, against 0.970, but less than the plain grid
       under a causal mask (whose last CTAs are its shortest): for non-causal calls.
-      Not with rotated_adds, dkdv_q_multicast or span_band. Checked in GPU interpret
+      With span_band the whole CTAs run in the bands' order, the pieces after them
+      (the same turns: a tile's adds still go in increasing span). Not with
+      rotated_adds or dkdv_q_multicast. Checked in GPU interpret
       mode (5 pretend SMs: the reference, dQ bit for bit, dK and dV within float32
       sums); compiles for sm_90 (the fused kernel spills 36 / 96 B at head dim 64, 152
       / 220 at 128; the default 20 / 68 and 132 / 220); not timed. Off.
@@ -593,10 +595,10 @@ class MosaicBwdConfig:
             )
         if self.rotated_adds and not self.fused:
             raise ValueError("rotated_adds orders the fused kernel's dQ adds: it needs fused=True")
-        if self.split_tail and (self.rotated_adds or self.dkdv_q_multicast or self.span_band != 1):
+        if self.split_tail and (self.rotated_adds or self.dkdv_q_multicast):
             raise ValueError(
-                "split_tail lays the dK/dV grid out in its own order: not with rotated_adds, "
-                "dkdv_q_multicast or span_band"
+                "split_tail lays the dK/dV grid out in its own order: not with rotated_adds "
+                "or dkdv_q_multicast"
             )
         if self.span_band < 1:
             raise ValueError(f"span_band={self.span_band} must be >= 1 (heads per band)")

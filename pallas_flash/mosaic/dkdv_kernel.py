@@ -16,7 +16,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_flash import masks
 from pallas_flash.logits import LOG2E
-from pallas_flash.mosaic import dq_adds
+from pallas_flash.mosaic import dq_adds, split_tail
 from pallas_flash.mosaic.bwd_config import MosaicBwdConfig
 from pallas_flash.mosaic.config import (
     CONSUMER_REGISTERS,
@@ -99,9 +99,14 @@ def dkdv_kernel(
         in_tail = cta >= whole
         piece = jnp.maximum(cta - whole, 0)
         item = jnp.where(in_tail, pieces_ref[piece, 0], cta)
-        kv_head = lax.div(item, jnp.int32(spans * batch))
-        span = lax.rem(lax.div(item, jnp.int32(batch)), jnp.int32(spans))
-        b = lax.rem(item, jnp.int32(batch))
+        b, kv_head, span = split_tail.span_coords(
+            item,
+            spans,
+            batch,
+            band,
+            div=lambda x, d: lax.div(x, jnp.int32(d)),
+            rem=lambda x, d: lax.rem(x, jnp.int32(d)),
+        )
     else:
         b = lax.axis_index("batch")
         if band > 1:  # span_band's grid (backward.py)

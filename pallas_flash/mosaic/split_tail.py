@@ -173,12 +173,16 @@ def even_pieces(num_items: int, sms: int, tiles: int, cta_steps: int = 2) -> Pie
     return PieceSplit(whole, table, items, rows)
 
 
-def span_coords(items: np.ndarray, spans: int, batch: int):
-    """(batch, key/value head, key span) of dK/dV CTAs by launch position, the plain
-    grid (heads, spans, batch) in order: dkdv_kernel's decode of its pieces, on the host."""
-    head, rest = np.divmod(items, spans * batch)
-    span, b = np.divmod(rest, batch)
-    return b, head, span
+def span_coords(
+    items, spans: int, batch: int, band: int = 1, div=np.floor_divide, rem=np.remainder
+):
+    """(batch, key/value head, key span) of dK/dV CTAs by launch position: the plain
+    grid (heads, spans, batch) in order, or in bands of `band` heads (head bands, spans,
+    heads of a band, batch: span_band's order). One decode for the host (numpy arrays)
+    and the kernel (int32 scalars, with `div` and `rem` of lax)."""
+    b, rest = rem(items, batch), div(items, batch)
+    in_band, rest = rem(rest, band), div(rest, band)
+    return b, div(rest, spans) * band + in_band, rem(rest, spans)
 
 
 def sum_pieces(out, pieces, split: PieceSplit, coords, keys: int):
