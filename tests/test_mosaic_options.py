@@ -512,21 +512,17 @@ def test_split_tail_even_pieces_cover_the_last_wave(items, sms, tiles):
 @pytest.mark.parametrize("band", [1, 2, 4])
 def test_split_tail_span_coords_decode_the_launch_order(band):
     """The split grid's one axis names its whole CTAs in the launch order of span_band's
-    grid (plain, or bands of heads): the host's decode (numpy) and the kernel's (lax, on
-    int32 scalars) give each position the (head, span, batch element) the banded grid
-    launches there (benchmarks.launch_sim.span_order)."""
-    from jax import lax
-
+    grid (plain, or bands of heads): the host's decode (numpy) and the kernel's
+    (kernel_span_coords: lax, on int32 scalars) give each position the (head, span,
+    batch element) the banded grid launches there (benchmarks.launch_sim.span_order)."""
     from benchmarks.launch_sim import span_order
 
     k, spans, b = 4, 3, 2
     order = span_order(k, spans, b, band)
     bb, hh, ss = split_tail.span_coords(np.arange(len(order)), spans, b, band)
     assert list(zip(hh.tolist(), ss.tolist(), bb.tolist())) == order
-    div = lambda x, d: lax.div(x, jnp.int32(d))  # noqa: E731
-    rem = lambda x, d: lax.rem(x, jnp.int32(d))  # noqa: E731
     for i in (0, 5, len(order) - 1):
-        e, h, s = split_tail.span_coords(jnp.int32(i), spans, b, band, div=div, rem=rem)
+        e, h, s = split_tail.kernel_span_coords(jnp.int32(i), spans, b, band)
         assert (int(h), int(s), int(e)) == order[i]
 
 

@@ -99,14 +99,7 @@ def dkdv_kernel(
         in_tail = cta >= whole
         piece = jnp.maximum(cta - whole, 0)
         item = jnp.where(in_tail, pieces_ref[piece, 0], cta)
-        b, kv_head, span = split_tail.span_coords(
-            item,
-            spans,
-            batch,
-            band,
-            div=lambda x, d: lax.div(x, jnp.int32(d)),
-            rem=lambda x, d: lax.rem(x, jnp.int32(d)),
-        )
+        b, kv_head, span = split_tail.kernel_span_coords(item, spans, batch, band)
     else:
         b = lax.axis_index("batch")
         if band > 1:  # span_band's grid (backward.py)

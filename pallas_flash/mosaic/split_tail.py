@@ -185,6 +185,19 @@ def span_coords(
     return b, div(rest, spans) * band + in_band, rem(rest, spans)
 
 
+def kernel_span_coords(item, spans: int, batch: int, band: int):
+    """span_coords on the kernel's int32 scalar (dkdv_kernel): lax's truncating div and
+    rem, which are numpy's floor forms on positions, never negative."""
+    return span_coords(
+        item,
+        spans,
+        batch,
+        band,
+        div=lambda x, d: lax.div(x, jnp.int32(d)),
+        rem=lambda x, d: lax.rem(x, jnp.int32(d)),
+    )
+
+
 def sum_pieces(out, pieces, split: PieceSplit, coords, keys: int):
     """`out` [B, S, K, H] with each split span's keys the sum of its pieces' float32
     partials (`pieces` [n, keys, H]) in the order of their query tiles; `coords`: the
