@@ -110,5 +110,19 @@ case $call in
     FA_PASSES=bwd FA_SEQS=8192,16384 MOSAIC_FA_BUDGET=100 \
       MOSAIC_FA_IMPLS=jax.nn:cudnn,$BWD_BANDS,$BWD_SPLIT_BANDS,$M timeout 160 bash $G "$C" mosaic-fa:128:false
     keep fa-mosaic-128-false-bwd-split-2 ;;
-  *) echo "next_calls: no call $call (1 to 7)" >&2; exit 2 ;;
+  8) # (H) every cell issue 5 still misses on the H200, in one call, for a session that gets
+    # the H200 once: the forward beside the three peers at head dim 64 causal 1k-8k (stale
+    # cells, rows moved in the 54th and 55th sessions), head dim 128 not causal and causal
+    # 2k-16k (the split row from 4k, greedy_items causal from 4k), then the backward at
+    # head dim 128 non-causal 8k / 16k: the default beside the split in bands and cuDNN.
+    FA_PASSES=fwd FA_SEQS=1024,2048,4096,8192 MOSAIC_FA_IMPLS=$M,$PEERS MOSAIC_FA_BUDGET=110 \
+      timeout 150 bash $G "$C" mosaic-fa:64:true
+    keep fa-mosaic-64-true-fwd-1k-8k
+    FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,$PEERS MOSAIC_FA_BUDGET=200 \
+      timeout 250 bash $G "$C" mosaic-fa:128
+    keep fa-mosaic-128-fwd-2k-16k
+    FA_PASSES=bwd FA_SEQS=8192,16384 MOSAIC_FA_BUDGET=90 \
+      MOSAIC_FA_IMPLS=$M,$BWD_SPLIT_BANDS,jax.nn:cudnn timeout 150 bash $G "$C" mosaic-fa:128:false
+    keep fa-mosaic-128-false-bwd-split ;;
+  *) echo "next_calls: no call $call (1 to 8)" >&2; exit 2 ;;
 esac

@@ -301,7 +301,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"1": 0, "3": 0, "4": 1, "5": 2, "6": 1, "7": 3}
+_CALL_VARIANTS = {"1": 0, "3": 0, "4": 1, "5": 2, "6": 1, "7": 3, "8": 1}
 
 
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
@@ -391,6 +391,17 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
         assert [_option(c, "--seqs") for c in benches] == ["4096,8192,16384", "8192,16384"]
         assert all("jax.nn:cudnn" in c and "split_tail=true/span_band=4" in c for c in benches)
         assert "-k split_tail_backward" in _one(calls, "-m pytest -m gpu tests/test_mosaic.py")
+    if call == "8":  # every missed cell: forward beside the three peers, then the backward
+        assert [_option(c, "--head-dims") for c in benches] == ["64", "128", "128"]
+        assert [_option(c, "--causal") for c in benches] == ["true", None, "false"]
+        assert [_option(c, "--passes") for c in benches] == ["fwd", "fwd", "bwd"]
+        assert [_option(c, "--seqs") for c in benches] == [
+            "1024,2048,4096,8192",
+            "2048,4096,8192,16384",
+            "8192,16384",
+        ]
+        assert all("jax:mosaic_fa3" in c and "tokamax:mosaic" in c for c in benches[:2])
+        assert "jax.nn:cudnn" in benches[2] and not any("-m pytest" in c for c in calls)
 
 
 def test_next_calls_compiled_tests_select_the_new_row(next_calls):
@@ -418,5 +429,5 @@ def test_next_calls_compiled_tests_select_the_new_row(next_calls):
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):
-    proc, calls, _ = next_calls("8")
-    assert proc.returncode == 2 and "no call 8" in proc.stderr and not calls
+    proc, calls, _ = next_calls("9")
+    assert proc.returncode == 2 and "no call 9" in proc.stderr and not calls
