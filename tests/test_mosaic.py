@@ -522,15 +522,21 @@ def test_gpu_named_barriers_change_no_bit(case, flags):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("flags", ["o_from_registers", "both"])
+@pytest.mark.parametrize("flags", ["o_from_registers", "early_q_load", "both"])
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
 def test_gpu_early_q_load_changes_no_bit(case, flags):
     """o_from_registers and early_q_load compiled, on the call's default row made
     persistent: they move O's stores and Q's loads, not arithmetic, so the bits are the
-    persistent row's, and the reference passes."""
+    persistent row's, and the reference passes. `early_q_load` alone keeps O in its own
+    buffer where the row has one (head dims up to 128), else goes with O from registers."""
     row = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
     persistent = dataclasses.replace(row, persistent=True)
-    changed = dataclasses.replace(persistent, o_from_registers=True, early_q_load=flags == "both")
+    o_buffer = persistent.o_buffer(padded_head_dim(case.head_dim))
+    changed = dataclasses.replace(
+        persistent,
+        o_from_registers=flags != "early_q_load" or not o_buffer,
+        early_q_load=flags != "o_from_registers",
+    )
     _changed_no_bit(case, persistent, changed, interpret=False, seed=seed_of(case))
 
 

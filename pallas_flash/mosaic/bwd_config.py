@@ -375,6 +375,8 @@ class MosaicBwdConfig:
       once, on an H100 at c8a6ae2 (results/mosaic-c8a6ae2): 1.013x / 1.00x / 0.73x
       the plain order at head dim 128 causal 16k / 8k / 4k, and 0.995x / 0.92x /
       0.93x at 64 (docs/mosaic.md, "Launch order of the backward's key spans").
+      Without a mask, at head dim 128 8k / 16k, bands of 4 ran 1.014x / 0.949x the
+      plain order (an H100 at e6ab66d, fa-mosaic-128-false-bwd-split-2.jsonl there).
       Checked in GPU interpret mode (the same bits); not with rotated_adds (whose
       turns need a head's spans resident together) unless high_spans_first. 4 in the
       causal fused rows (BWD_CAUSAL_SPAN_BAND: 1.004-1.027x the plain order at head
@@ -431,7 +433,14 @@ class MosaicBwdConfig:
       rotated_adds or dkdv_q_multicast. Checked in GPU interpret
       mode (5 pretend SMs: the reference, dQ bit for bit, dK and dV within float32
       sums); compiles for sm_90 (the fused kernel spills 36 / 96 B at head dim 64, 152
-      / 220 at 128; the default 20 / 68 and 132 / 220); not timed. Off.
+      / 220 at 128; the default 20 / 68 and 132 / 220). Compiled on an H100 at
+      e6ab66d, the reference and the plain grid on the default rows, plain and in
+      bands (results/mosaic-e6ab66d/mosaic-tests.log, 6 of 6). Timed there at head
+      dim 128 non-causal, four processes with 00676b3's (fa-mosaic-128-false-bwd-
+      split*.jsonl): 0.992-1.039x the default at 4k, 0.997-1.029x at 8k and
+      0.992-1.021x at 16k; in bands of 4 0.979x / 0.995x / 0.988x at 4k / 8k / 16k
+      and 1.006x / 0.939x at 8k / 16k (launch_sim's 0.981 / 0.988 against 0.947 /
+      0.951 did not show). No steady lead: off.
     split_writer: fused, writer_warp: the ordered adds in two warps of the
       producer's warpgroup (two of its warps idled), one a writer slot, so the adds
       of one step wait for their turn and land while the next step's go out. One

@@ -12,6 +12,7 @@ Default-config table (16-bit inputs; head dim padded up to a multiple of 64):
 | 64, keys 2049-4096, causal | 64 x 256, the same        | 2      | 167,512 (bound)       |
 | 128, causal       | 64 x 128, early K wait        | 2      | 167,000               |
 | 128, keys <= 2048, causal | the same, persistent, head order | 2 | 200,280 (bound) |
+| 128, keys 2049-8192, causal | the same, list schedule (greedy_items) | 2 | 200,280 (bound) |
 | 128, not causal   | the same, persistent          | 2      | 200,280 (bound)       |
 | 128, keys >= 4096, not causal | the same, last round split (tail_fixup) | 2 | 200,280 (bound) |
 | 192, 256          | 64 x 64, early K wait         | 2      | 150,616, 199,768      |
@@ -426,6 +427,12 @@ class MosaicConfig:
       head-dim-64 non-causal default: 1.068x / 1.016x at 1k, 0.987x / 1.030x at 2k,
       1.019x / 1.016x at 4k and 0.939x / 0.957x at 16k, short of the 2 % at 1k and 2k
       in both and the loss of 1 % at most from 4k that would have taken it: off.
+      At head dim 128 non-causal (an O buffer) on an H100 at e6ab66d, two processes,
+      the order of the implementations changed between them
+      (results/mosaic-e6ab66d/fa-mosaic-128-false-early-q{,-2}.jsonl): 1.025x / 1.050x
+      the default at 1k (510.1 / 515.2 TFLOP/s), 1.048x / 0.999x at 2k, 0.987x at 4k
+      (one process). A lead at 1k in both; not yet the default there, since its compiled
+      test on that row (an O buffer, not O from registers) has not run: next_calls 2.
     poly_exp2_cols: the first this many columns of each score tile (a multiple of 8, at
       most block_kv) take their exp2 from a cubic on the FMA and integer units
       (softmax.exp2_poly, relative error below 8e-5, below bfloat16's and float16's
