@@ -395,8 +395,7 @@ def test_next_calls_compiled_tests_select_the_new_row(next_calls):
     """Call 2 runs the compiled Mosaic tests whose ids its -k names, and that expression
     selects early Q loads with O in its own buffer (not with O from registers) on every
     GPU case of head dim up to 128, the non-causal ones of 128 and at most 1024 keys
-    among them (collected
-    here, not run: they need the GPU)."""
+    among them (collected here, not run: they need the GPU)."""
     proc, calls, _ = next_calls("2")
     assert proc.returncode == 0, proc.stderr
     line = _one(calls, "-m pytest -m gpu tests/test_mosaic.py")

@@ -138,7 +138,8 @@ def test_ordered_adds_cost_nothing_free_and_sort_the_bands_when_waited_on():
     line = launch_sim.report(64, 16384, True, [1, 4], cta_steps=2.0, add_steps=1.0)
     assert line.count("with the adds' turns") == 4, line  # bands of 1 and 4, whole and split
     # without a mask at head dim 128 the split last wave and bands of 4 each shorten the
-    # turns' queue, and together more than either (next_calls 7 times them)
+    # turns' queue, and together more than either (by the model: timed on an H100 at
+    # e6ab66d, neither led steadily, docs/mosaic.md, "The backward's half")
     line = launch_sim.report(128, 16384, False, [1, 4], cta_steps=2.0, add_steps=1.0)
     turns = [float(part.split("turns ")[1]) for part in line.split(" | ")[1:]]
     assert turns[0] < min(turns[1], turns[2]) and max(turns[1], turns[2]) < turns[3], line
