@@ -17,10 +17,8 @@ keep() {
   else echo "next_calls: no rows for $1" >&2; fi
 }
 PEERS=jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3
-# greedy_items on the persistent causal grid (the head-dim-128 causal default of 2049-8192
-# keys since e095dff), and the one-CTA-per-item row it replaced there: beside the
-# default, each is timed only at lengths where it is not the default's own config.
-GREEDY=$M/persistent=true/head_rounds=true/early_q_load=true/greedy_items=true
+# the one-CTA-per-item row that greedy_items replaced at head dim 128 causal 2049-8192
+# keys (e095dff) and head order up to 2048: timed only where it is not the default.
 PER_ITEM=$M/persistent=false/head_rounds=false/early_q_load=false/greedy_items=false
 # the backward's last wave split by query tiles (head dim 128 non-causal from 4k, where the
 # forward already splits its last round: only the backward differs from the default).
@@ -37,14 +35,6 @@ case $call in
     FA_PASSES=fwd FA_SEQS=1024,2048 MOSAIC_FA_IMPLS=$M,$PEERS timeout 150 \
       bash $G "$C" mosaic-fa:128:true
     keep fa-mosaic-128-true-fwd-short ;;
-  2) # (any card) the compiled test of early Q loads with O in its own buffer (the
-    # head-dim-128 non-causal row of up to 1024 keys with early_q_load, which led the
-    # default by 2.5 % / 5.0 % at 1k in two processes at e6ab66d; its compiled test so far
-    # ran it with O from registers only), every case of head dim up to 128 (at 192-256
-    # there is no O buffer, and the flag is "both" again).
-    MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=150 \
-      MOSAIC_TESTS_K="early_q_load_changes_no_bit and not both and not o_from_registers and not h256" \
-      bash $G "$C" mosaic-tests ;;
   3) # (H) the head-dim-128 forward beside the three peers from 2k: the H200's cells there
     # (runs p, q, u, of 12-04 and 12-05: 1.00-1.04x) time rows that have changed since
     # only in refactors, but for the non-causal row from 4096 keys, split and merged in
@@ -56,26 +46,11 @@ case $call in
     FA_PASSES=fwd FA_SEQS=4096,8192,16384 MOSAIC_FA_IMPLS=$M,$PEERS timeout 240 \
       bash $G "$C" mosaic-fa:128:true
     keep fa-mosaic-128-true-fwd-4k-16k ;;
-  5) # (any card) greedy_items: the persistent causal grid's items from a list schedule in
-    # the one-CTA-per-item grid's launch order (by launch_sim as even as that grid, where
-    # head_rounds' sorted rounds fill 0.970), first compiled (the same bits as the tile-
-    # major grid on the 16 causal cases), then at head dim 128 causal 2k-8k the default
-    # (greedy_items from 4k since e095dff) beside the one-CTA-per-item row, cuDNN and
-    # tokamax (on the H200 the default's cells count: JAX's Mosaic FA3 trailed tokamax
-    # at every causal point of run q), and greedy_items beside the default at head dim
-    # 64 causal 1k / 2k.
-    MOSAIC_TESTS_WORKERS=12 MOSAIC_TESTS_TIMEOUT=130 \
-      MOSAIC_TESTS_K="head_rounds_changes_no_bit and greedy" timeout 150 bash $G "$C" mosaic-tests
-    FA_PASSES=fwd FA_SEQS=2048,4096,8192 \
-      MOSAIC_FA_IMPLS=$M,$PER_ITEM,jax.nn:cudnn,tokamax:mosaic timeout 250 bash $G "$C" mosaic-fa:128:true
-    keep fa-mosaic-128-true-greedy
-    FA_PASSES=fwd FA_SEQS=1024,2048 MOSAIC_FA_IMPLS=$M,$GREEDY timeout 110 \
-      bash $G "$C" mosaic-fa:64:true
-    keep fa-mosaic-64-true-greedy ;;
-  6) # (H) calls 3 and 5 in one, for a session that may get the H200 once: the head-dim-
-    # 128 forward not causal 2k-16k beside the three peers (call 3's first half), then
-    # call 5's head-dim-128 timing (causal 2k-8k, the default beside the one-CTA-per-item
-    # row, cuDNN and tokamax) without its compiled tests.
+  6) # (H) call 3's first half and the old call 5's timing in one, for a session that may
+    # get the H200 once: the head-dim-128 forward not causal 2k-16k beside the three
+    # peers, then causal 2k-8k, the default (head order, then greedy_items from 4k) beside
+    # the one-CTA-per-item row, cuDNN and tokamax (on an H100 at c0674ef: 1.056x / 1.051x /
+    # 1.003x that row, 1.054x / 1.087x / 1.045x the better peer).
     FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,$PEERS timeout 275 \
       bash $G "$C" mosaic-fa:128:false
     keep fa-mosaic-128-false-fwd-2k-16k
@@ -98,5 +73,5 @@ case $call in
     FA_PASSES=bwd FA_SEQS=8192,16384 MOSAIC_FA_BUDGET=90 \
       MOSAIC_FA_IMPLS=$M,$BWD_SPLIT,jax.nn:cudnn timeout 150 bash $G "$C" mosaic-fa:128:false
     keep fa-mosaic-128-false-bwd-split ;;
-  *) echo "next_calls: no call $call (1-3, 5, 6, 8; 4 and 7 ran at e6ab66d)" >&2; exit 2 ;;
+  *) echo "next_calls: no call $call (1, 3, 6, 8; 4 and 7 ran at e6ab66d, 2 and 5 at c0674ef)" >&2; exit 2 ;;
 esac

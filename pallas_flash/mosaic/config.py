@@ -14,6 +14,7 @@ Default-config table (16-bit inputs; head dim padded up to a multiple of 64):
 | 128, keys <= 2048, causal | the same, persistent, head order | 2 | 200,280 (bound) |
 | 128, keys 2049-8192, causal | the same, list schedule (greedy_items) | 2 | 200,280 (bound) |
 | 128, not causal   | the same, persistent          | 2      | 200,280 (bound)       |
+| 128, keys <= 1024, not causal | the same, early Q loads | 2 | 200,280 (bound) |
 | 128, keys >= 4096, not causal | the same, last round split (tail_fixup) | 2 | 200,280 (bound) |
 | 192, 256          | 64 x 64, early K wait         | 2      | 150,616, 199,768      |
 | 192, 256, keys <= 16384, not causal | the same, persistent | 2 | 199,768 (O through Q's buffer) |
@@ -431,8 +432,8 @@ class MosaicConfig:
       the order of the implementations changed between them
       (results/mosaic-e6ab66d/fa-mosaic-128-false-early-q{,-2}.jsonl): 1.025x / 1.050x
       the default at 1k (510.1 / 515.2 TFLOP/s), 1.048x / 0.999x at 2k, 0.987x at 4k
-      (one process). A lead at 1k in both; not yet the default there, since its compiled
-      test on that row (an O buffer, not O from registers) has not run: next_calls 2.
+      (one process). With its O buffer it keeps the bits (compiled at c0674ef, 25 of
+      25), and it is the row up to 1024 keys there (EARLY_Q_LOAD_MAX_KEYS_128).
     poly_exp2_cols: the first this many columns of each score tile (a multiple of 8, at
       most block_kv) take their exp2 from a cubic on the FMA and integer units
       (softmax.exp2_poly, relative error below 8e-5, below bfloat16's and float16's
@@ -847,6 +848,20 @@ HEAD_ROUNDS_MAX_KEYS_64 = 4096
 # the 16 causal cases (mosaic-tests.log there). One process on an H100, not the H200.
 GREEDY_ITEMS_MAX_KEYS_128 = 8192
 
+# Key lengths up to which the head-dim-128 non-causal row loads each next Q early
+# (MosaicConfig.early_q_load, O in its own buffer). On an H100 at e6ab66d (bf16, B x T =
+# 16k, forward TFLOP/s, two processes; results/mosaic-e6ab66d/fa-mosaic-128-false-early-q
+# {,-2}.jsonl): 510.1 / 515.2 at 1k against the row without it, 497.5 / 490.5 (1.025x /
+# 1.050x); at 2k 1.048x / 0.999x, at 4k 0.987x. As this row, on an H100 at c0674ef with
+# it applied (results/mosaic-c0674ef-early1k/fa-mosaic-128-false-early-default-{1,2}.jsonl,
+# two processes): 505.8 / 506.0 at 1k against 489.3 / 489.4 without it (1.034x / 1.034x),
+# tokamax 475.2 / 488.3; at 2k 0.997x / 1.037x. Compiled with its O buffer, the same bits
+# as without the early load on the 25 cases up to head dim 128
+# (results/mosaic-c0674ef/mosaic-tests-early-q.log), and the row passes the default's
+# reference test (mosaic-c0674ef-early1k/mosaic-tests-default-128.log). An H100, not the
+# H200.
+EARLY_Q_LOAD_MAX_KEYS_128 = 1024
+
 
 # Key lengths up to which the head-dim-192/256 default is persistent when not causal
 # (measured at 1k, 2k, 4k, 8k and 16k).
@@ -913,6 +928,8 @@ def default_mosaic_config(
         )
         # Above PERSISTENT_MAX_KEYS, its items from the list schedule.
         listed = head_order and seq_k > PERSISTENT_MAX_KEYS
+        # Non-causal up to 1024 keys, early Q loads (EARLY_Q_LOAD_MAX_KEYS_128's comment).
+        early_nc = causal is False and seq_k is not None and seq_k <= EARLY_Q_LOAD_MAX_KEYS_128
         # Non-causal from 4096 keys, the last round split and merged in the kernel
         # (TAIL_FIXUP's comment).
         split = (
@@ -927,7 +944,7 @@ def default_mosaic_config(
             q_register_cols=Q_REGISTER_COLS,
             named_turns=NAMED_TURNS_DEFAULT,
             rescale_slack=slack,
-            early_q_load=head_order,
+            early_q_load=head_order or early_nc,
             split_tail=split,
             tail_fixup=split,
             head_rounds=head_order,
