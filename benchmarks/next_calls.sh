@@ -58,20 +58,25 @@ case $call in
       MOSAIC_FA_IMPLS=$M,$PER_ITEM,jax.nn:cudnn,tokamax:mosaic timeout 250 bash $G "$C" mosaic-fa:128:true
     keep fa-mosaic-128-true-greedy ;;
   8) # (H) every cell issue 5 still misses on the H200, in one call, for a session that gets
-    # the H200 once: the forward beside the three peers at head dim 64 causal 1k-8k (stale
-    # cells, rows moved in the 54th and 55th sessions), head dim 128 not causal and causal
-    # 2k-16k (the split row from 4k, greedy_items causal from 4k), then the backward at
-    # head dim 128 non-causal 8k / 16k: the default beside its split last wave and cuDNN
-    # (on an H100 at e6ab66d, three processes: 1.011x / 1.021x / 0.997x at 8k, 1.021x /
-    # 0.997x / 0.992x at 16k; in bands of 4 heads 0.94-1.01x: not timed again).
+    # the H200 once, the most cells first (a call cut short keeps them): the forward
+    # beside the three peers at head dim 128 not causal and causal 2k-16k (call 9: the
+    # split row from 4k, greedy_items causal from 4k), at head dim 64 causal 1k-8k (stale
+    # cells, rows moved in the 54th and 55th sessions), then the backward at head dim 128
+    # non-causal 8k / 16k: the default beside its split last wave and cuDNN (on an H100
+    # at e6ab66d, three processes: 1.011x / 1.021x / 0.997x at 8k, 1.021x / 0.997x /
+    # 0.992x at 16k; in bands of 4 heads 0.94-1.01x: not timed again).
+    bash "$0" "$C" 9
     FA_PASSES=fwd FA_SEQS=1024,2048,4096,8192 MOSAIC_FA_IMPLS=$M,$PEERS MOSAIC_FA_BUDGET=110 \
       timeout 150 bash $G "$C" mosaic-fa:64:true
     keep fa-mosaic-64-true-fwd-1k-8k
-    FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,$PEERS MOSAIC_FA_BUDGET=200 \
-      timeout 250 bash $G "$C" mosaic-fa:128
-    keep fa-mosaic-128-fwd-2k-16k
     FA_PASSES=bwd FA_SEQS=8192,16384 MOSAIC_FA_BUDGET=90 \
       MOSAIC_FA_IMPLS=$M,$BWD_SPLIT,jax.nn:cudnn timeout 150 bash $G "$C" mosaic-fa:128:false
     keep fa-mosaic-128-false-bwd-split ;;
-  *) echo "next_calls: no call $call (1, 3, 6, 8; 4 and 7 ran at e6ab66d, 2 and 5 at c0674ef)" >&2; exit 2 ;;
+  9) # (H) call 8's first step alone, for a session with about 330 s of device time left:
+    # the head-dim-128 forward beside the three peers, both ways, 2k-16k (eight cells of
+    # the H200's table at 1.00-1.04x, runs p, q and u).
+    FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,$PEERS MOSAIC_FA_BUDGET=200 \
+      timeout 250 bash $G "$C" mosaic-fa:128
+    keep fa-mosaic-128-fwd-2k-16k ;;
+  *) echo "next_calls: no call $call (1, 3, 6, 8, 9; 4 and 7 ran at e6ab66d, 2 and 5 at c0674ef)" >&2; exit 2 ;;
 esac

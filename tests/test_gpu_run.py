@@ -300,7 +300,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"1": 0, "3": 0, "6": 1, "8": 1}
+_CALL_VARIANTS = {"1": 0, "3": 0, "6": 1, "8": 1, "9": 0}
 
 
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
@@ -371,20 +371,35 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
         assert [_option(c, "--seqs") for c in benches] == ["2048,4096,8192,16384", "2048,4096,8192"]
         assert "jax:mosaic_fa3" in benches[0] and "tokamax:mosaic" in benches[1]
         assert not any("-m pytest" in c for c in calls)
-    if call == "8":  # every missed cell: forward beside the three peers, then the backward
-        assert [_option(c, "--head-dims") for c in benches] == ["64", "128", "128"]
-        assert [_option(c, "--causal") for c in benches] == ["true", None, "false"]
+    if call == "8":  # every missed cell, the most first: call 9, head dim 64, the backward
+        assert [_option(c, "--head-dims") for c in benches] == ["128", "64", "128"]
+        assert [_option(c, "--causal") for c in benches] == [None, "true", "false"]
         assert [_option(c, "--passes") for c in benches] == ["fwd", "fwd", "bwd"]
         assert [_option(c, "--seqs") for c in benches] == [
-            "1024,2048,4096,8192",
             "2048,4096,8192,16384",
+            "1024,2048,4096,8192",
             "8192,16384",
         ]
         assert all("jax:mosaic_fa3" in c and "tokamax:mosaic" in c for c in benches[:2])
         assert "jax.nn:cudnn" in benches[2] and not any("-m pytest" in c for c in calls)
+        # each step's rows kept under its own name (the stand-in writes none, so each is
+        # said), in the order they run
+        kept = [
+            line.split("no rows for ")[1] for line in proc.stderr.splitlines() if "no rows" in line
+        ]
+        assert kept == [
+            "fa-mosaic-128-fwd-2k-16k",
+            "fa-mosaic-64-true-fwd-1k-8k",
+            "fa-mosaic-128-false-bwd-split",
+        ]
+    if call == "9":  # call 8's first step: head dim 128 both ways beside the three peers
+        (bench,) = benches
+        assert _option(bench, "--head-dims") == "128" and _option(bench, "--causal") is None
+        assert _option(bench, "--seqs") == "2048,4096,8192,16384"
+        assert all(peer in bench for peer in ("jax:mosaic_fa3", "tokamax:mosaic", "jax.nn"))
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):
-    for call in ("2", "4", "5", "7", "9"):  # 4 and 7 ran at e6ab66d, 2 and 5 at c0674ef
+    for call in ("2", "4", "5", "7", "10"):  # 4 and 7 ran at e6ab66d, 2 and 5 at c0674ef
         proc, calls, _ = next_calls(call)
         assert proc.returncode == 2 and f"no call {call}" in proc.stderr and not calls
