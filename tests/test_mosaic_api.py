@@ -313,8 +313,9 @@ def test_default_is_persistent_only_where_measured_faster():
         rounds = want and causal is not False and padded_head_dim(head_dim) <= 128
         assert config.head_rounds == rounds, (head_dim, seq_k, causal)
         # And at head dim 128 non-causal up to 1024 keys (EARLY_Q_LOAD_MAX_KEYS_128).
-        early_nc = padded_head_dim(head_dim) == 128 and causal is False and (seq_k or 0) <= 1024
-        want_early = (rounds and causal is True) or (early_nc and seq_k is not None)
+        short = seq_k is not None and seq_k <= 1024
+        early_nc = padded_head_dim(head_dim) == 128 and causal is False and short
+        want_early = (rounds and causal is True) or early_nc
         assert config.early_q_load == want_early, (head_dim, seq_k, causal)
         listed = padded_head_dim(head_dim) == 128 and causal is True and 2048 < (seq_k or 0)
         assert config.greedy_items == (want and listed), (head_dim, seq_k, causal)
