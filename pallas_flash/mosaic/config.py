@@ -846,6 +846,8 @@ HEAD_ROUNDS_MAX_KEYS_64 = 4096
 # 612.0 (1.063x / 1.027x / 0.982x), tokamax 498.4 / 545.5 / 611.5. So to 8192 keys; at
 # 16k the grid keeps the lead. Compiled there, its bits equal the tile-major grid's on
 # the 16 causal cases (mosaic-tests.log there). One process on an H100, not the H200.
+# Again at 16k on an H100 at de9ebe2: 615.1 against 625.9, 0.983x
+# (results/mosaic-de9ebe2/fa-mosaic-128-true-16k-options.jsonl).
 GREEDY_ITEMS_MAX_KEYS_128 = 8192
 
 # Key lengths up to which the head-dim-128 non-causal row loads each next Q early
