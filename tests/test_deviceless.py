@@ -169,7 +169,8 @@ def test_qk_behind_pv_issues_a_step_in_one_run(tmp_path):
 # The forward's intra-warpgroup overlap (MosaicConfig.intra_overlap), with what it takes
 # in place of the default row's other schedule options (OVERLAP_REPLACES: the rows these
 # 1024-key builds get are persistent with early Q loads since the 54th session), and
-# 128-key tiles (as it was timed; at head dim 128 with the row's conditional rescale).
+# 128-key tiles (as it was timed). These causal 1024-key rows rescale unconditionally
+# (RESCALE_SLACK_OFF_KEYS).
 OVERLAP = "/".join(
     [f"{M}/intra_overlap=true", *(f"{k}={str(v).lower()}" for k, v in OVERLAP_REPLACES.items())]
     + ["block_kv=128"]
