@@ -431,8 +431,15 @@ def test_gpu_matches_reference(case, p_in_registers):
     _compare(case, config, interpret=False, seed=seed_of(case))
 
 
+# Rows of the default table that no case above reaches: head dim 128 non-causal of
+# 1025-2048 keys (early Q loads, EARLY_Q_LOAD_MAX_KEYS_128), ragged, GQA.
+DEFAULT_ROW_CASES = [
+    Case(2, 1536, 2048, 4, 2, 128, BF16, q_lens=(1536, 1000), kv_lens=(2048, 1300)),
+]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", GPU_CASES + DEFAULT_ROW_CASES, ids=lambda c: c.id)
 def test_gpu_default_for_the_call_matches_reference(case):
     """The row the API picks for this call (head dim, key length, causal flag): the
     tests above take the head dim's row alone."""
