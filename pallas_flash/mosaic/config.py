@@ -867,7 +867,10 @@ GREEDY_ITEMS_MAX_KEYS_128 = 8192
 # cuDNN): 544.4 / 537.7 / 547.1 against 538.0 / 531.4 / 541.5 (1.012x / 1.012x /
 # 1.010x; tokamax 516.7 / 522.3 / 525.4). Over the seven processes never below 0.997x,
 # median 1.012x, mean 1.016x: the row up to 2048 keys since. Each 2k row passed the
-# benchmark's check against the float32 reference. With the split last round as well
+# benchmark's check against the float32 reference; compiled at f43cbf5 (an H100), the
+# default's reference test on all 31 cases, among them a 2048-key case of this row, and
+# the split last round's on its 2000-key case, now with early Q loads
+# (results/mosaic-f43cbf5/mosaic-tests.log). With the split last round as well
 # (split_tail, tail_fixup) 0.998x / 0.947x / 0.988x the default at 2k; split alone 0.971x
 # / 0.984x / 1.002x. At 4k, where the row splits, the early load ran 0.987x (once).
 EARLY_Q_LOAD_MAX_KEYS_128 = 2048
