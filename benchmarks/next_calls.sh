@@ -78,13 +78,5 @@ case $call in
     FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_IMPLS=$M,$PEERS MOSAIC_FA_BUDGET=200 \
       timeout 250 bash $G "$C" mosaic-fa:128
     keep fa-mosaic-128-fwd-2k-16k ;;
-  10) # (h: an H100 will do) for a start that finds an H100 where call 8 or 9 wanted the
-    # H200: the early Q load at head dim 128 non-causal 4k and 8k, where the row splits its
-    # last round, beside the default and tokamax (the early load at 4k was timed once, at
-    # 0.987x; up to 2048 keys it is the default since e6ab66d: "Early Q loads, O from
-    # registers").
-    FA_PASSES=fwd FA_SEQS=4096,8192 MOSAIC_FA_IMPLS=$M,$M/early_q_load=true,tokamax:mosaic \
-      MOSAIC_FA_BUDGET=120 timeout 160 bash $G "$C" mosaic-fa:128:false
-    keep fa-mosaic-128-false-early-4k-8k ;;
-  *) echo "next_calls: no call $call (1, 3, 6, 8, 9, 10; 4 and 7 ran at e6ab66d, 2 and 5 at c0674ef)" >&2; exit 2 ;;
+  *) echo "next_calls: no call $call (1, 3, 6, 8, 9; 4 and 7 ran at e6ab66d, 2 and 5 at c0674ef, 10 at 5d326d1)" >&2; exit 2 ;;
 esac

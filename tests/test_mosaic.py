@@ -432,9 +432,12 @@ def test_gpu_matches_reference(case, p_in_registers):
 
 
 # Rows of the default table that no case above reaches: head dim 128 non-causal of
-# 1025-2048 keys (early Q loads, EARLY_Q_LOAD_MAX_KEYS_128), ragged, GQA.
+# 1025-4096 keys (early Q loads, EARLY_Q_LOAD_MAX_KEYS_128; from 4096 with the split
+# last round), ragged, GQA.
 DEFAULT_ROW_CASES = [
     Case(2, 1536, 2048, 4, 2, 128, BF16, q_lens=(1536, 1000), kv_lens=(2048, 1300)),
+    # 4096 keys: early Q loads with the last round split and merged in the kernel
+    Case(2, 1200, 4096, 4, 2, 128, BF16, q_lens=(1200, 700), kv_lens=(4096, 3100)),
 ]
 
 

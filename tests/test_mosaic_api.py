@@ -298,6 +298,8 @@ def test_default_is_persistent_only_where_measured_faster():
         (128, 1024, False, True),
         (128, 2048, False, True),
         (128, 2049, False, True),
+        (128, 4096, False, True),  # early Q loads up to 4096 keys (EARLY_Q_LOAD_MAX_KEYS_128)
+        (128, 4097, False, True),
         (96, None, False, True),  # padded to 128
         (128, None, True, False),
         (256, 1024, False, True),
@@ -313,8 +315,8 @@ def test_default_is_persistent_only_where_measured_faster():
         # Persistent where the call may be causal: in head order; causal, early Q loads.
         rounds = want and causal is not False and padded_head_dim(head_dim) <= 128
         assert config.head_rounds == rounds, (head_dim, seq_k, causal)
-        # And at head dim 128 non-causal up to 2048 keys (EARLY_Q_LOAD_MAX_KEYS_128).
-        short = seq_k is not None and seq_k <= 2048
+        # And at head dim 128 non-causal up to 4096 keys (EARLY_Q_LOAD_MAX_KEYS_128).
+        short = seq_k is not None and seq_k <= 4096
         early_nc = padded_head_dim(head_dim) == 128 and causal is False and short
         want_early = (rounds and causal is True) or early_nc
         assert config.early_q_load == want_early, (head_dim, seq_k, causal)

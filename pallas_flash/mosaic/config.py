@@ -14,7 +14,7 @@ Default-config table (16-bit inputs; head dim padded up to a multiple of 64):
 | 128, keys <= 2048, causal | the same, persistent, head order | 2 | 200,280 (bound) |
 | 128, keys 2049-8192, causal | the same, list schedule (greedy_items) | 2 | 200,280 (bound) |
 | 128, not causal   | the same, persistent          | 2      | 200,280 (bound)       |
-| 128, keys <= 2048, not causal | the same, early Q loads | 2 | 200,280 (bound) |
+| 128, keys <= 4096, not causal | the same, early Q loads | 2 | 200,280 (bound) |
 | 128, keys >= 4096, not causal | the same, last round split (tail_fixup) | 2 | 200,280 (bound) |
 | 192, 256          | 64 x 64, early K wait         | 2      | 150,616, 199,768      |
 | 192, 256, keys <= 16384, not causal | the same, persistent | 2 | 199,768 (O through Q's buffer) |
@@ -433,7 +433,7 @@ class MosaicConfig:
       (results/mosaic-e6ab66d/fa-mosaic-128-false-early-q{,-2}.jsonl): 1.025x / 1.050x
       the default at 1k (510.1 / 515.2 TFLOP/s), 1.048x / 0.999x at 2k, 0.987x at 4k
       (one process). With its O buffer it keeps the bits (compiled at c0674ef, 25 of
-      25), and it is the row up to 2048 keys there (EARLY_Q_LOAD_MAX_KEYS_128).
+      25), and it is the row up to 4096 keys there (EARLY_Q_LOAD_MAX_KEYS_128).
     poly_exp2_cols: the first this many columns of each score tile (a multiple of 8, at
       most block_kv) take their exp2 from a cubic on the FMA and integer units
       (softmax.exp2_poly, relative error below 8e-5, below bfloat16's and float16's
@@ -872,8 +872,13 @@ GREEDY_ITEMS_MAX_KEYS_128 = 8192
 # the split last round's on its 2000-key case, now with early Q loads
 # (results/mosaic-f43cbf5/mosaic-tests.log). With the split last round as well
 # (split_tail, tail_fixup) 0.998x / 0.947x / 0.988x the default at 2k; split alone 0.971x
-# / 0.984x / 1.002x. At 4k, where the row splits, the early load ran 0.987x (once).
-EARLY_Q_LOAD_MAX_KEYS_128 = 2048
+# / 0.984x / 1.002x. At 4k, where the row splits, the early load ran 0.987x once at
+# e6ab66d; then, in three processes on an H100 at 5d326d1 beside tokamax (call 10 of
+# docs/mosaic.md's "Next device calls"; results/mosaic-5d326d1/fa-mosaic-128-false-early-
+# 4k-8k-{1,2,3}.jsonl), 603.3 / 610.7 / 605.4 at 4k against the split row's 594.1 / 602.5
+# / 598.0 (1.015x / 1.014x / 1.012x; tokamax 547.1 / 589.2 / 566.0), but at 8k 1.002x /
+# 0.998x / 0.991x: so the row up to 4096 keys (early with the split last round from 4096).
+EARLY_Q_LOAD_MAX_KEYS_128 = 4096
 
 
 # Key lengths up to which the head-dim-192/256 default is persistent when not causal
@@ -941,7 +946,7 @@ def default_mosaic_config(
         )
         # Above PERSISTENT_MAX_KEYS, its items from the list schedule.
         listed = head_order and seq_k > PERSISTENT_MAX_KEYS
-        # Non-causal up to 2048 keys, early Q loads (EARLY_Q_LOAD_MAX_KEYS_128's comment).
+        # Non-causal up to 4096 keys, early Q loads (EARLY_Q_LOAD_MAX_KEYS_128's comment).
         early_nc = causal is False and seq_k is not None and seq_k <= EARLY_Q_LOAD_MAX_KEYS_128
         # Non-causal from 4096 keys, the last round split and merged in the kernel
         # (TAIL_FIXUP's comment).
