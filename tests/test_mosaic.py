@@ -346,6 +346,19 @@ def test_interpret_default_for_the_call(head_dim, causal):
     _compare(case, dataclasses.replace(config, p_in_registers=False), interpret=True)
 
 
+def test_interpret_head_dim_128_row_of_4096_keys():
+    """The head-dim-128 non-causal row at 4096 keys: persistent, the last round split
+    and merged in the kernel, each next Q loaded early (EARLY_Q_LOAD_MAX_KEYS_128). 4
+    items on the 3 interpret CTAs, so one is in pieces; ragged keys, GQA. P from shared
+    memory and O from registers (the interpreter's form: with P's buffer O's has no
+    room); the reference, and the bits of the same row without the early load."""
+    case = Case(2, 130, 4096, 2, 1, 128, BF16, kv_lens=(4096, 3100))
+    row = default_mosaic_config(128, case.seq_kv, False)
+    assert row.persistent and row.early_q_load and row.split_tail and row.tail_fixup
+    config = dataclasses.replace(row, p_in_registers=False, o_from_registers=True)
+    _changed_no_bit(case, dataclasses.replace(config, early_q_load=False), config, True, seed=5)
+
+
 def test_triton_backward_takes_its_residuals():
     """O and the logsumexp of the Mosaic forward feed the Triton backward as they are."""
     case = Case(1, 70, 90, 2, 1, 64, BF16, causal=True, kv_lens=(80,))
