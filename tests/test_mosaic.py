@@ -348,8 +348,9 @@ def test_interpret_default_for_the_call(head_dim, causal):
 
 def test_interpret_head_dim_128_row_of_4096_keys():
     """The head-dim-128 non-causal row at 4096 keys: persistent, the last round split
-    and merged in the kernel, each next Q loaded early (EARLY_Q_LOAD_MAX_KEYS_128). 4
-    items on the 3 interpret CTAs, so one is in pieces; ragged keys, GQA. P from shared
+    and merged in the kernel, each next Q loaded early (EARLY_Q_LOAD_MAX_KEYS_128). 8
+    items on the 3 interpret CTAs: two whole rounds, two items in pieces; ragged keys,
+    GQA. P from shared
     memory and O from registers (the interpreter's form: with P's buffer O's has no
     room); the reference, and the bits of the same row without the early load."""
     case = Case(2, 130, 4096, 2, 1, 128, BF16, kv_lens=(4096, 3100))
