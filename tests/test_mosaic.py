@@ -125,19 +125,19 @@ def _overlapped(config: MosaicConfig) -> MosaicConfig:
 
 
 def _compare(case: Case, config, interpret, seed: int = 0):
+    """The forward against the reference; returns its (O, logsumexp) for further checks."""
     o, lse = _mosaic(case, config, interpret, seed)
     ref, naive = _references(case, seed)
     for name, got, r, n in zip(("o", "lse"), (o, lse), ref, naive):
         tolerance_check(f"mosaic {case.id} {name}", got, r, n, case.dtype)
+    return o, lse
 
 
 def _changed_no_bit(case: Case, config, changed, interpret, seed: int):
     """`changed` (a config that reorganises the work, not the arithmetic) passes the
     reference and gives `config`'s bits."""
-    _compare(case, changed, interpret, seed=seed)
-    chex.assert_trees_all_equal(
-        _mosaic(case, config, interpret, seed), _mosaic(case, changed, interpret, seed)
-    )
+    got = _compare(case, changed, interpret, seed=seed)
+    chex.assert_trees_all_equal(_mosaic(case, config, interpret, seed), got)
 
 
 # Awkward shapes for interpret mode: lengths off the tiles, T != S both ways, GQA and
@@ -350,9 +350,9 @@ def test_interpret_head_dim_128_row_of_4096_keys():
     """The head-dim-128 non-causal row at 4096 keys: persistent, the last round split
     and merged in the kernel, each next Q loaded early (EARLY_Q_LOAD_MAX_KEYS_128). 8
     items on the 3 interpret CTAs: two whole rounds, two items in pieces; ragged keys,
-    GQA. P from shared
-    memory and O from registers (the interpreter's form: with P's buffer O's has no
-    room); the reference, and the bits of the same row without the early load."""
+    GQA. P from shared memory and O from registers (the interpreter's form: with P's
+    buffer O's has no room); the reference, and the bits of the same row without the
+    early load."""
     case = Case(2, 130, 4096, 2, 1, 128, BF16, kv_lens=(4096, 3100))
     row = default_mosaic_config(128, case.seq_kv, False)
     assert row.persistent and row.early_q_load and row.split_tail and row.tail_fixup

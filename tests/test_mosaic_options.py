@@ -464,8 +464,7 @@ def test_interpret_split_tail_matches_the_reference_and_the_whole_items(case):
     within float32 merging of the unsplit grid's result (O to a unit of the dtype's last
     place, the logsumexp to 1e-5)."""
     config = dataclasses.replace(SMALL, persistent=True, split_tail=True)
-    _compare(case, config, interpret=True, seed=3)
-    o, lse = _mosaic(case, config, True, seed=3)
+    o, lse = _compare(case, config, interpret=True, seed=3)
     o_whole, lse_whole = _mosaic(case, dataclasses.replace(config, split_tail=False), True, seed=3)
     np.testing.assert_allclose(lse, lse_whole, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(
@@ -486,8 +485,8 @@ def test_interpret_split_tail_with_the_persistent_options(flags):
     case = SPLIT_TAIL_CASES[0]
     config = dataclasses.replace(SMALL, persistent=True, **flags)
     split = dataclasses.replace(config, split_tail=True)
-    _compare(case, split, interpret=True, seed=4)
-    (o, lse), (o0, lse0) = (_mosaic(case, c, True, seed=4) for c in (split, config))
+    o, lse = _compare(case, split, interpret=True, seed=4)
+    o0, lse0 = _mosaic(case, config, True, seed=4)
     np.testing.assert_allclose(lse, lse0, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(o, np.float32), np.asarray(o0, np.float32), atol=1e-2)
 
