@@ -432,8 +432,7 @@ class MosaicConfig:
       the order of the implementations changed between them
       (results/mosaic-e6ab66d/fa-mosaic-128-false-early-q{,-2}.jsonl): 1.025x / 1.050x
       the default at 1k (510.1 / 515.2 TFLOP/s), 1.048x / 0.999x at 2k, 0.987x at 4k
-      (one process, without the split last round; with it 1.012-1.015x in three at
-      5d326d1). With its O buffer it keeps the bits (compiled at c0674ef, 25 of 25), and
+      (one process; 1.012-1.015x in three more at 5d326d1). With its O buffer it keeps the bits (compiled at c0674ef, 25 of 25), and
       it is the row up to 4096 keys there (EARLY_Q_LOAD_MAX_KEYS_128).
     poly_exp2_cols: the first this many columns of each score tile (a multiple of 8, at
       most block_kv) take their exp2 from a cubic on the FMA and integer units
@@ -878,7 +877,8 @@ GREEDY_ITEMS_MAX_KEYS_128 = 8192
 # docs/mosaic.md's "Next device calls"; results/mosaic-5d326d1/fa-mosaic-128-false-early-
 # 4k-8k-{1,2,3}.jsonl), 603.3 / 610.7 / 605.4 at 4k against the split row's 594.1 / 602.5
 # / 598.0 (1.015x / 1.014x / 1.012x; tokamax 547.1 / 589.2 / 566.0), but at 8k 1.002x /
-# 0.998x / 0.991x: so the row up to 4096 keys (early with the split last round from 4096).
+# 0.998x / 0.991x: so the row up to 4096 keys (early with the split last round from 4096;
+# with e6ab66d's, whose 4k row split too, 0.987x in one process of four at 4k).
 EARLY_Q_LOAD_MAX_KEYS_128 = 4096
 
 
