@@ -432,8 +432,9 @@ class MosaicConfig:
       the order of the implementations changed between them
       (results/mosaic-e6ab66d/fa-mosaic-128-false-early-q{,-2}.jsonl): 1.025x / 1.050x
       the default at 1k (510.1 / 515.2 TFLOP/s), 1.048x / 0.999x at 2k, 0.987x at 4k
-      (one process; 1.012-1.015x in three more at 5d326d1). With its O buffer it keeps the bits (compiled at c0674ef, 25 of 25), and
-      it is the row up to 4096 keys there (EARLY_Q_LOAD_MAX_KEYS_128).
+      (one process; 1.012-1.015x in three more at 5d326d1). With its O buffer it keeps
+      the bits (compiled at c0674ef, 25 of 25), and it is the row up to 4096 keys there
+      (EARLY_Q_LOAD_MAX_KEYS_128).
     poly_exp2_cols: the first this many columns of each score tile (a multiple of 8, at
       most block_kv) take their exp2 from a cubic on the FMA and integer units
       (softmax.exp2_poly, relative error below 8e-5, below bfloat16's and float16's
