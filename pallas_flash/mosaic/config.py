@@ -879,7 +879,9 @@ GREEDY_ITEMS_MAX_KEYS_128 = 8192
 # 4k-8k-{1,2,3}.jsonl), 603.3 / 610.7 / 605.4 at 4k against the split row's 594.1 / 602.5
 # / 598.0 (1.015x / 1.014x / 1.012x; tokamax 547.1 / 589.2 / 566.0), but at 8k 1.002x /
 # 0.998x / 0.991x: so the row up to 4096 keys (early with the split last round from 4096;
-# with e6ab66d's, whose 4k row split too, 0.987x in one process of four at 4k).
+# with e6ab66d's, whose 4k row split too, 0.987x in one process of four at 4k). Compiled
+# at 8b95507 (an H100), the default's reference test on its nine head-dim-128 cases, a
+# ragged GQA case of 4096 keys among them (results/mosaic-8b95507/mosaic-tests-h128.log).
 EARLY_Q_LOAD_MAX_KEYS_128 = 4096
 
 
