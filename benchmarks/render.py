@@ -193,9 +193,78 @@ REVERTED_DEFAULTS = {
 }
 
 
+# Commits whose rows' SM clocks are not NVML's: 488cafb's came from `nvidia-smi` in a
+# pipe, whose lines arrived seconds late (gpu_clock.py), so the per-clock table skips them.
+UNREAD_CLOCKS = {"488cafb"}
+
+
+def _clock(r: dict) -> float | None:
+    return None if r.get("commit") in UNREAD_CLOCKS else r.get("sm_mhz")
+
+
 def _reverted(r: dict) -> bool:
     at = REVERTED_DEFAULTS.get(r.get("commit"))
     return at is not None and at(r["head_dim"], r["causal"], r.get("seq_k", r["seq_q"]))
+
+
+def _latest_cells(rows, ours, peer, required, device):
+    """latest_table's cells: {(head dim, causal, pass, seq): (ratio, run id, ours' row,
+    the row it is against)}, and {run id: pre-roll seconds}."""
+    points = collections.defaultdict(lambda: collections.defaultdict(dict))
+    preroll: dict[str, float] = {}
+    for r in rows:
+        if r.get("suite") != "fa" or r["mask"] != "none" or r["pass"] not in ("fwd", "bwd"):
+            continue
+        if device not in (r.get("device") or device):  # unnamed: counted
+            continue
+        if r["error"] or not r["tflops"]:
+            continue
+        if r["impl"] == ours and _reverted(r):
+            continue
+        key = (r["head_dim"], r["causal"], r["pass"], r["seq_q"])
+        points[key][r["run_id"]][r["impl"]] = r
+        if r.get("preroll_s"):
+            preroll[r["run_id"]] = r["preroll_s"]
+    cells = {}
+    for key, runs in points.items():
+        for run_id in sorted(runs, reverse=True):
+            got = runs[run_id]
+            if ours not in got:
+                continue
+            if key[2] == "fwd":
+                if not all(i in got for i in required):
+                    continue
+                against = max((r for i, r in got.items() if not _ours(i)), key=_tflops)
+            elif peer in got:
+                against = got[peer]
+            else:
+                continue
+            cells[key] = (got[ours]["tflops"] / against["tflops"], run_id, got[ours], against)
+            break
+    return cells, preroll
+
+
+def _tflops(r: dict) -> float:
+    return r["tflops"]
+
+
+def _cells_table(cells, title: str, cell) -> list[str]:
+    """Rows (head dim, causal, pass) by columns (seq) of `cell(cells[key])`, with the
+    table's title above."""
+    seqs = sorted({key[3] for key in cells})
+    out = [
+        title,
+        "",
+        "| head dim | causal | pass | " + " | ".join(_seq_label(t) for t in seqs) + " |",
+        "|---" * (len(seqs) + 3) + "|",
+    ]
+    for hd, causal, p in sorted({key[:3] for key in cells}):
+        row = []
+        for t in seqs:
+            c = cells.get((hd, causal, p, t))
+            row.append("-" if c is None else cell(c))
+        out.append(f"| {hd} | {'yes' if causal else 'no'} | {p} | " + " | ".join(row) + " |")
+    return out
 
 
 def latest_table(
@@ -214,56 +283,35 @@ def latest_table(
     (`device` in the row's name of it: a call the tool ran on an H100 does not count).
     The runs used are listed below, each with its pre-roll where it had one
     (bench.PREROLL_S: runs before it favoured a peer whose backward is slow in the
-    forward, docs/mosaic.md, "Power limit and the pre-roll")."""
-    points = collections.defaultdict(lambda: collections.defaultdict(dict))
-    preroll: dict[str, float] = {}
-    for r in rows:
-        if r.get("suite") != "fa" or r["mask"] != "none" or r["pass"] not in ("fwd", "bwd"):
-            continue
-        if device not in (r.get("device") or device):  # unnamed: counted
-            continue
-        if r["error"] or not r["tflops"]:
-            continue
-        if r["impl"] == ours and _reverted(r):
-            continue
-        key = (r["head_dim"], r["causal"], r["pass"], r["seq_q"])
-        points[key][r["run_id"]][r["impl"]] = r["tflops"]
-        if r.get("preroll_s"):
-            preroll[r["run_id"]] = r["preroll_s"]
-    cells = {}
-    for key, runs in points.items():
-        for run_id in sorted(runs, reverse=True):
-            got = runs[run_id]
-            if ours not in got:
-                continue
-            if key[2] == "fwd":
-                if not all(i in got for i in required):
-                    continue
-                against = max(t for i, t in got.items() if not _ours(i))
-            elif peer in got:
-                against = got[peer]
-            else:
-                continue
-            cells[key] = (got[ours] / against, run_id)
-            break
+    forward, docs/mosaic.md, "Power limit and the pre-roll").
+
+    A second table gives the same cells per clock: each side's TFLOP/s divided by the
+    mean SM clock NVML read over its own timed rounds (gpu_clock.py), where both rows
+    have one. The H200 runs these kernels at its power limit, where the clock is the
+    board's choice; the ratio per clock says how much of a cell is the kernel's step and
+    how much the clock its power draw left it."""
+    cells, preroll = _latest_cells(rows, ours, peer, required, device)
     if not cells:
         return ""
-    runs = sorted({run_id for _, run_id in cells.values()})
+    runs = sorted({c[1] for c in cells.values()})
     tag = {run_id: _run_letter(i) for i, run_id in enumerate(runs)}
-    seqs = sorted({key[3] for key in cells})
-    out = [
+    out = _cells_table(
+        cells,
         f"{ours} point by point, from the newest run that timed it beside the peers there: "
         f"forward against the best peer, backward against {peer} (the letter names the run)",
-        "",
-        "| head dim | causal | pass | " + " | ".join(_seq_label(t) for t in seqs) + " |",
-        "|---" * (len(seqs) + 3) + "|",
-    ]
-    for hd, causal, p in sorted({key[:3] for key in cells}):
-        row = []
-        for t in seqs:
-            c = cells.get((hd, causal, p, t))
-            row.append("-" if c is None else f"{c[0]:.2f}x {tag[c[1]]}")
-        out.append(f"| {hd} | {'yes' if causal else 'no'} | {p} | " + " | ".join(row) + " |")
+        lambda c: f"{c[0]:.2f}x {tag[c[1]]}",
+    )
+    clocked = {k: c for k, c in cells.items() if _clock(c[2]) and _clock(c[3])}
+    if clocked:
+        out += [""] + _cells_table(
+            clocked,
+            f"The same cells per clock (TFLOP/s per MHz of each row's mean SM clock): the "
+            f"ratio, then {ours}'s clock / the other's, in MHz",
+            lambda c: (
+                f"{c[0] * c[3]['sm_mhz'] / c[2]['sm_mhz']:.2f}x "
+                f"({c[2]['sm_mhz']:.0f} / {c[3]['sm_mhz']:.0f})"
+            ),
+        )
     out.append("")
     for run_id in runs:
         note = f" (pre-roll {preroll[run_id]:g} s)" if run_id in preroll else ""

@@ -383,6 +383,31 @@ def test_latest_table_takes_each_point_from_the_newest_full_run():
     assert render.latest_table(rows(new, "fwd", 1024, {"jax.nn:cudnn": 1})) == ""
 
 
+def test_latest_table_gives_the_cells_per_clock_too():
+    """The second table divides each side's TFLOP/s by its own mean SM clock: ours at 500
+    TFLOP/s and 1600 MHz against a peer at 480 and 1760 is 1.04x, 1.15x per clock. A
+    cell where either row lacks a clock, or whose commit's clocks are not NVML's
+    (UNREAD_CLOCKS), has no per-clock cell."""
+    base = dict(suite="fa", mask="none", error=None, head_dim=128, causal=False)
+    speeds = {"pallas_flash:mosaic": (500, 1600), "jax.nn:cudnn": (480, 1760)}
+    speeds["tokamax:mosaic"] = (400, 1700)
+
+    def rows(seq, p="fwd", commit="abc", clocks=True):
+        return [
+            dict(base, run_id="20261207-000000-" + commit, commit=commit, impl=i, seq_q=seq,
+                 tflops=t, **({"sm_mhz": mhz} if clocks else {}), **{"pass": p})
+            for i, (t, mhz) in speeds.items()
+        ]  # fmt: skip
+
+    table = render.latest_table(rows(2048) + rows(4096, clocks=False) + rows(2048, "bwd"))
+    clock = table.split("per clock")[1].splitlines()
+    assert "| 128 | no | fwd | 1.04x a | 1.04x a |" in table.splitlines()
+    assert "| 128 | no | fwd | 1.15x (1600 / 1760) |" in clock  # 4k: no clocks, no column
+    assert "| 128 | no | bwd | 1.15x (1600 / 1760) |" in clock  # against cuDNN
+    unread = render.latest_table(rows(2048, commit=next(iter(render.UNREAD_CLOCKS))))
+    assert "1.04x a" in unread and "per clock" not in unread
+
+
 def test_latest_table_counts_the_h200_only():
     """A newer run on another GPU (the device tool may lend an H100) does not replace the
     H200's cell; rows that name no device count."""
