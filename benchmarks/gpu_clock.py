@@ -20,9 +20,53 @@ import time
 
 import numpy as np
 
-SAMPLE_FIELDS = ("sm_mhz", "power_w", "temp_c")  # as the harness's rows name them
+# As the harness's rows name them. power_w is nvmlDeviceGetPowerUsage, which on Ampere
+# (but GA100) and newer averages the draw over the last second: longer than a timed
+# round, so a row's reading mixes in the rows before it. power_now_w is the instantaneous
+# draw (the field NVML_FI_DEV_POWER_INSTANT), a row's own; with the row's TFLOP/s it gives
+# the energy a flop, which decides the speed of a kernel held at the board's power limit.
+SAMPLE_FIELDS = ("sm_mhz", "power_w", "temp_c", "power_now_w")
 _NVML_CLOCK_SM = 1
 _NVML_TEMPERATURE_GPU = 0
+_NVML_FI_DEV_POWER_INSTANT = 186  # milliwatts
+
+
+class _Value(ctypes.Union):  # nvmlValue_t
+    _fields_ = [
+        ("dVal", ctypes.c_double),
+        ("uiVal", ctypes.c_uint),
+        ("ulVal", ctypes.c_ulong),
+        ("ullVal", ctypes.c_ulonglong),
+        ("sllVal", ctypes.c_longlong),
+        ("siVal", ctypes.c_int),
+        ("usVal", ctypes.c_ushort),
+    ]
+
+
+class _FieldValue(ctypes.Structure):  # nvmlFieldValue_t
+    _fields_ = [
+        ("fieldId", ctypes.c_uint),
+        ("scopeId", ctypes.c_uint),
+        ("timestamp", ctypes.c_longlong),
+        ("latencyUsec", ctypes.c_longlong),
+        ("valueType", ctypes.c_uint),
+        ("nvmlReturn", ctypes.c_uint),
+        ("value", _Value),
+    ]
+
+
+# nvmlValueType_t: the union member each type is read from
+_VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+
+
+def _instant_power_w(lib, handle) -> float:
+    """The instantaneous draw in W, or NaN where NVML does not give it."""
+    field = _FieldValue(fieldId=_NVML_FI_DEV_POWER_INSTANT)
+    if lib.nvmlDeviceGetFieldValues(handle, 1, ctypes.byref(field)) or field.nvmlReturn:
+        return float("nan")
+    if field.valueType >= len(_VALUE_MEMBERS):
+        return float("nan")
+    return getattr(field.value, _VALUE_MEMBERS[field.valueType]) / 1000.0
 
 
 def _nvml():
@@ -38,7 +82,8 @@ def _nvml():
 
 
 def read_once(nvml) -> list[float] | None:
-    """[SM clock in MHz, power in W, temperature in C] now, or None if a read fails."""
+    """[SM clock in MHz, power in W (averaged by NVML), temperature in C, power in W (now,
+    NaN where NVML lacks the field)], or None if one of the first three fails."""
     lib, handle = nvml
     clock, power, temp = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint()
     if (
@@ -47,7 +92,12 @@ def read_once(nvml) -> list[float] | None:
         or lib.nvmlDeviceGetTemperature(handle, _NVML_TEMPERATURE_GPU, ctypes.byref(temp))
     ):
         return None
-    return [float(clock.value), power.value / 1000.0, float(temp.value)]
+    return [
+        float(clock.value),
+        power.value / 1000.0,
+        float(temp.value),
+        _instant_power_w(lib, handle),
+    ]
 
 
 class Sampler:
@@ -78,8 +128,12 @@ class Sampler:
         rows = [v for t, v in self.samples if any(a <= t <= b for a, b in spans)]
         if not rows:
             return {}
-        arr = np.asarray(rows)
-        return {f: round(float(np.mean(arr[:, i])), 1) for i, f in enumerate(SAMPLE_FIELDS)}
+        arr = np.asarray(rows, dtype=float)
+        return {
+            f: round(float(np.nanmean(arr[:, i])), 1)
+            for i, f in enumerate(SAMPLE_FIELDS)
+            if not np.isnan(arr[:, i]).all()  # a field NVML never gave: left out
+        }
 
     def stop(self):
         self._stop.set()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 
 import jax.numpy as jnp
@@ -672,11 +673,15 @@ def test_mosaic_config_variants_are_named_by_their_fields(monkeypatch):
 
 
 def test_gpu_clock_reads_nvml_and_averages_over_spans():
-    """read_once fills the three NVML readings (power in mW to W); `during` averages the
-    samples inside the spans only, and a sampler without NVML has none."""
+    """read_once fills the four NVML readings (power in mW to W; the instantaneous draw
+    from the field values, as the value type says, NaN where the field fails); `during`
+    averages the samples inside the spans only, leaves out a field NVML never gave, and a
+    sampler without NVML has none."""
     from benchmarks import gpu_clock
 
     class FakeNvml:
+        field_return, value_type = 0, 1  # NVML_SUCCESS, an unsigned int
+
         def nvmlDeviceGetClockInfo(self, handle, kind, ref):
             ref._obj.value = 1755 if kind == gpu_clock._NVML_CLOCK_SM else 0
             return 0
@@ -689,14 +694,39 @@ def test_gpu_clock_reads_nvml_and_averages_over_spans():
             ref._obj.value = 52
             return 0
 
-    assert gpu_clock.read_once((FakeNvml(), None)) == [1755.0, 690.5, 52.0]
+        def nvmlDeviceGetFieldValues(self, handle, count, ref):
+            field = ref._obj
+            assert count == 1 and field.fieldId == 186  # NVML_FI_DEV_POWER_INSTANT
+            field.nvmlReturn, field.valueType = self.field_return, self.value_type
+            field.value.uiVal = 702250
+            return 0
+
+    assert gpu_clock.read_once((FakeNvml(), None)) == [1755.0, 690.5, 52.0, 702.25]
+    as_long = FakeNvml()
+    as_long.value_type = 3  # an unsigned long long: the union's same low bytes
+    assert gpu_clock.read_once((as_long, None))[3] == 702.25
+    no_field = FakeNvml()
+    no_field.field_return = 3  # NVML_ERROR_NOT_SUPPORTED for this field
+    assert math.isnan(gpu_clock.read_once((no_field, None))[3])
     failing = FakeNvml()
     failing.nvmlDeviceGetPowerUsage = lambda handle, ref: 999  # an NVML error code
     assert gpu_clock.read_once((failing, None)) is None
 
     s = gpu_clock.Sampler.__new__(gpu_clock.Sampler)
-    s.samples = [(1.0, [1500.0, 600.0, 50.0]), (2.0, [1700.0, 700.0, 52.0]), (9.0, [1980, 0, 0])]
-    assert s.during([(0.5, 2.5)]) == {"sm_mhz": 1600.0, "power_w": 650.0, "temp_c": 51.0}
+    nan = float("nan")
+    s.samples = [
+        (1.0, [1500.0, 600.0, 50.0, 640.0]),
+        (2.0, [1700.0, 700.0, 52.0, nan]),
+        (9.0, [1980, 0, 0, 0]),
+    ]
+    assert s.during([(0.5, 2.5)]) == {
+        "sm_mhz": 1600.0,
+        "power_w": 650.0,
+        "temp_c": 51.0,
+        "power_now_w": 640.0,
+    }
+    s.samples = [(1.0, [1500.0, 600.0, 50.0, nan])]
+    assert s.during([(0.5, 2.5)]) == {"sm_mhz": 1500.0, "power_w": 600.0, "temp_c": 50.0}
     assert s.during([(3.0, 4.0)]) == {}
 
 
