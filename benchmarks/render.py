@@ -234,7 +234,8 @@ def _latest_cells(rows, ours, peer, required, device):
             if key[2] == "fwd":
                 if not all(i in got for i in required):
                     continue
-                against = max((r for i, r in got.items() if not _ours(i)), key=_tflops)
+                peers = [r for i, r in got.items() if not _ours(i)]
+                against = max(peers, key=lambda r: r["tflops"])
             elif peer in got:
                 against = got[peer]
             else:
@@ -242,10 +243,6 @@ def _latest_cells(rows, ours, peer, required, device):
             cells[key] = (got[ours]["tflops"] / against["tflops"], run_id, got[ours], against)
             break
     return cells, preroll
-
-
-def _tflops(r: dict) -> float:
-    return r["tflops"]
 
 
 def _cells_table(cells, title: str, cell) -> list[str]:
