@@ -19,9 +19,6 @@ keep() {
 # the one-CTA-per-item row that greedy_items replaced at head dim 128 causal 2049-8192
 # keys (e095dff) and head order up to 2048: timed only where it is not the default.
 PER_ITEM=$M/persistent=false/head_rounds=false/early_q_load=false/greedy_items=false
-# kv_multicast on each default row: one CTA per item (clusters need a grid, not the
-# persistent one), so the persistent rows' options go too.
-MULTICAST=$M/kv_multicast=true/persistent=false/split_tail=false/tail_fixup=false/early_q_load=false/head_rounds=false/greedy_items=false
 case $call in
   6) # (H) the old call 5's timing on the H200 (the 67th session timed every other cell
     # there, runs x-ac): the head-dim-128 causal forward at 2k-8k, the default (head
@@ -31,17 +28,5 @@ case $call in
     FA_PASSES=fwd FA_SEQS=2048,4096,8192 MOSAIC_FA_BUDGET=200 \
       MOSAIC_FA_IMPLS=$M,$PER_ITEM,jax.nn:cudnn,tokamax:mosaic timeout 250 bash $G "$C" mosaic-fa:128:true
     keep fa-mosaic-128-true-greedy ;;
-  11) # (H) clusters of two CTAs that load each K/V tile once for both (kv_multicast), on
-    # today's rows, beside the defaults and the three peers at the forward cells that miss
-    # on the H200 (runs x-ac): the board runs these kernels at its 700 W limit, where our
-    # rows' clocks read 3-7 % below the peers' (sm_mhz), and half the L2 reads is less
-    # energy a flop. Last timed at f309273 (old kernels, before the pre-roll): 1.00-1.03x.
-    for spec in 128:true:8192,16384 128:false:4096,8192,16384 64:false:2048,4096,8192 64:true:4096; do
-      hd=${spec%%:*}; rest=${spec#*:}; causal=${rest%%:*}; seqs=${rest#*:}
-      n=$(( $(tr -cd , <<< "$seqs" | wc -c) + 1 )); budget=$((30 * n + 40))  # 70-130 s
-      FA_PASSES=fwd FA_SEQS=$seqs MOSAIC_FA_BUDGET=$budget MOSAIC_FA_IMPLS=$M,$MULTICAST,tokamax:mosaic,jax:mosaic_fa3,jax.nn:cudnn \
-        timeout $((budget + 40)) bash $G "$C" mosaic-fa:$hd:$causal
-      keep fa-mosaic-$hd-$causal-multicast
-    done ;;
-  *) echo "next_calls: no call $call (6, 11; 4 and 7 ran at e6ab66d, 2 and 5 at c0674ef, 10 at 5d326d1, 1, 3, 8 and 9 at 899d096)" >&2; exit 2 ;;
+  *) echo "next_calls: no call $call (6; 4 and 7 ran at e6ab66d, 2 and 5 at c0674ef, 10 at 5d326d1, 1, 3, 8 and 9 at 899d096, 11 at 512a5d0)" >&2; exit 2 ;;
 esac

@@ -254,7 +254,9 @@ def test_greedy_items_fill_as_the_grid_of_one_cta_per_item():
     kernel): at head dim 128 causal 4k / 8k (2048 items) it fills 0.99 or more of the
     SMs' time as that grid does, where head_rounds' sorted rounds fill 0.970, walks every
     item once and reads each K and V tile from HBM once (forward_kv_fetches)."""
-    row = fwd_config.default_mosaic_config(128, 16384, True)  # one CTA per item
+    # one CTA per item: the 16k row without its clusters (KV_MULTICAST_CAUSAL_128)
+    row = fwd_config.default_mosaic_config(128, 16384, True)
+    row = dataclasses.replace(row, kv_multicast=False)
     heads = dataclasses.replace(row, persistent=True, head_rounds=True, early_q_load=True)
     greedy = dataclasses.replace(heads, greedy_items=True)
     assert fwd_config.default_mosaic_config(128, 4096, True) == greedy  # the 4k / 8k row

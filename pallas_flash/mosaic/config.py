@@ -13,6 +13,7 @@ Default-config table (16-bit inputs; head dim padded up to a multiple of 64):
 | 128, causal       | 64 x 128, early K wait        | 2      | 167,000               |
 | 128, keys <= 2048, causal | the same, persistent, head order | 2 | 200,280 (bound) |
 | 128, keys 2049-8192, causal | the same, list schedule (greedy_items) | 2 | 200,280 (bound) |
+| 128, keys > 8192, causal | the same, clusters of two (kv_multicast) | 2 | 167,512 (bound) |
 | 128, not causal   | the same, persistent          | 2      | 200,280 (bound)       |
 | 128, keys <= 4096, not causal | the same, early Q loads | 2 | 200,280 (bound) |
 | 128, keys >= 4096, not causal | the same, last round split (tail_fixup) | 2 | 200,280 (bound) |
@@ -851,6 +852,20 @@ HEAD_ROUNDS_MAX_KEYS_64 = 4096
 # (results/mosaic-de9ebe2/fa-mosaic-128-true-16k-options.jsonl).
 GREEDY_ITEMS_MAX_KEYS_128 = 8192
 
+# Above GREEDY_ITEMS_MAX_KEYS_128 the head-dim-128 causal row (one CTA per item) runs its
+# CTAs in clusters of two on neighbouring query tiles that load each K/V tile once for
+# both (MosaicConfig.kv_multicast: half the L2 reads). Beside the row without it, bf16,
+# B x T = 16k, causal 16k, forward TFLOP/s: 611.8 against 602.5 (1.015x) and 631.8
+# against 615.4 (1.027x) in two processes on an H100 (results/mosaic-512a5d0/
+# fa-mosaic-128-true-multicast.jsonl, results/mosaic-eebe5ae/
+# fa-mosaic-128-true-multicast-2.jsonl; tokamax 600.4 / 622.3); on the H200 at f309273,
+# older kernels, 613.2 against 599.6 (1.023x, results/mosaic-f309273/
+# fa-mosaic-128c-mc.jsonl). Where the default is persistent it lost: causal 8k 572.9
+# against the list schedule's 602.3 (0.951x), non-causal 4k-16k 0.961-0.974x. Compiled,
+# it gives the row without it its bits on all 30 cases of the table (the default row of
+# each, without the persistent grid; results/mosaic-eebe5ae/mosaic-tests-multicast.log).
+KV_MULTICAST_CAUSAL_128 = True
+
 # Key lengths up to which the head-dim-128 non-causal row loads each next Q early
 # (MosaicConfig.early_q_load, O in its own buffer). On an H100 at e6ab66d (bf16, B x T =
 # 16k, forward TFLOP/s, two processes; results/mosaic-e6ab66d/fa-mosaic-128-false-early-q
@@ -957,12 +972,20 @@ def default_mosaic_config(
         split = (
             TAIL_FIXUP and causal is False and (seq_k is None or seq_k >= SPLIT_TAIL_128_MIN_KEYS)
         )
+        # Causal above it, one CTA per item in clusters of two (KV_MULTICAST_CAUSAL_128).
+        multicast = (
+            KV_MULTICAST_CAUSAL_128
+            and causal is True
+            and seq_k is not None
+            and seq_k > GREEDY_ITEMS_MAX_KEYS_128
+        )
         return MosaicConfig(
             block_q=64,
             block_kv=128,
             num_stages=2,
             early_k_wait=True,
             persistent=causal is False or head_order,
+            kv_multicast=multicast,
             q_register_cols=Q_REGISTER_COLS,
             named_turns=NAMED_TURNS_DEFAULT,
             rescale_slack=slack,
