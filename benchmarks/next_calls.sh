@@ -17,16 +17,17 @@ keep() {
   else echo "next_calls: no rows for $1" >&2; fi
 }
 # the one-CTA-per-item row that greedy_items replaced at head dim 128 causal 2049-8192
-# keys (e095dff) and head order up to 2048: timed only where it is not the default.
-PER_ITEM=$M/persistent=false/head_rounds=false/early_q_load=false/greedy_items=false
+# keys (e095dff), head order up to 2048, and clusters of two above 8192 (ae44b8a): timed
+# only where it is not the default.
+PER_ITEM=$M/persistent=false/head_rounds=false/early_q_load=false/greedy_items=false/kv_multicast=false
 case $call in
-  6) # (H) the old call 5's timing on the H200 (the 67th session timed every other cell
-    # there, runs x-ac): the head-dim-128 causal forward at 2k-8k, the default (head
-    # order at 2k, the list schedule from 4k) beside the one-CTA-per-item row, cuDNN and
-    # tokamax (on an H100 at c0674ef: 1.056x / 1.051x / 1.003x that row; on the H200
-    # at 899d096 the default ran 1.042-1.069x / 1.063x / 1.045x the best peer).
-    FA_PASSES=fwd FA_SEQS=2048,4096,8192 MOSAIC_FA_BUDGET=200 \
-      MOSAIC_FA_IMPLS=$M,$PER_ITEM,jax.nn:cudnn,tokamax:mosaic timeout 250 bash $G "$C" mosaic-fa:128:true
+  6) # (H) the head-dim-128 causal forward at 2k-16k on the H200, the default (head order
+    # at 2k, the list schedule at 4k / 8k, clusters of two at 16k) beside the one-CTA-per-
+    # item row, cuDNN and tokamax (on an H100 at c0674ef: 1.056x / 1.051x / 1.003x that
+    # row at 2k-8k, at 512a5d0 / eebe5ae 1.015x / 1.027x at 16k; on the H200 at 899d096
+    # the default ran 1.042-1.069x / 1.063x / 1.045x / 0.970x the best peer).
+    FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_BUDGET=220 \
+      MOSAIC_FA_IMPLS=$M,$PER_ITEM,jax.nn:cudnn,tokamax:mosaic timeout 270 bash $G "$C" mosaic-fa:128:true
     keep fa-mosaic-128-true-greedy ;;
   *) echo "next_calls: no call $call (6; 4 and 7 ran at e6ab66d, 2 and 5 at c0674ef, 10 at 5d326d1, 1, 3, 8 and 9 at 899d096, 11 at 512a5d0)" >&2; exit 2 ;;
 esac
