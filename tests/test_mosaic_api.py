@@ -273,7 +273,8 @@ def test_default_is_persistent_only_where_measured_faster():
     1.02-1.03x from 4k to 16k) and causal up to 4096 keys in head order (tile-major 0.81x
     at 4k; head order 1.02-1.05x there, 0.97x at 8k), head dim 128 when not causal
     (1.00-1.06x) or causal up to 2048 keys in head order (to 8192 with the list
-    schedule's items, greedy_items), and head dim 256 when not
+    schedule's items, greedy_items; above, one CTA per item in clusters of two,
+    kv_multicast), and head dim 256 when not
     causal up to 16384 keys (1.01-1.05x); slower at 128 and 256 causal, and not timed at
     256 beyond 16k (mosaic/config.py). Causal None (not known): only what wins both
     ways."""
@@ -294,7 +295,9 @@ def test_default_is_persistent_only_where_measured_faster():
         (128, 2048, True, True),
         (128, 2049, True, True),  # and from the list schedule up to 8192 (greedy_items)
         (128, 8192, True, True),
-        (128, 8193, True, False),
+        (128, 8193, True, False),  # one CTA per item, in clusters of two
+        (96, 16384, True, False),
+        (128, 16384, None, False),
         (128, 1024, False, True),
         (128, 2048, False, True),
         (128, 2049, False, True),
@@ -325,6 +328,10 @@ def test_default_is_persistent_only_where_measured_faster():
         # O has its own buffer where persistent, except at 256 (no room: through Q's).
         hp = padded_head_dim(head_dim)
         assert config.o_buffer(hp) == (want and hp != 256), (head_dim, seq_k, causal)
+        # Clusters of two only on the head-dim-128 causal row above the list schedule's
+        # 8192 keys (KV_MULTICAST_CAUSAL_128): never with the persistent grid.
+        clusters = hp == 128 and causal is True and (seq_k or 0) > 8192
+        assert config.kv_multicast == clusters, (head_dim, seq_k, causal)
 
 
 def test_default_block_kv_at_head_dim_64():
