@@ -306,7 +306,10 @@ class MosaicConfig:
       that at f309273 read the first implementation 1-4 % slow (benchmarks.bench.time_fn),
       so the 1-3 % gains are not yet told from that; its compiled bitwise test ran on 2
       of the 30 case-table rows (the same bits, results/mosaic-f309273/mosaic-tests.log).
-      Off.
+      On since the 68th session in the head-dim-128 causal row above 8192 keys only,
+      after all 30 passed and it led there in two more processes
+      (KV_MULTICAST_CAUSAL_128); off elsewhere, where it lost what the persistent grid
+      gives (0.95-0.99x) or led in one process only.
     named_turns: the ping-pong hands each turn over one way (one arrive after a
       consumer's Q K^T is issued, one sync before its P V), on the SM's hardware named
       barriers (`bar.arrive` / `bar.sync`, pipeline.PingPong) rather than a shared-memory
