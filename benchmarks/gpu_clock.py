@@ -31,7 +31,7 @@ _NVML_TEMPERATURE_GPU = 0
 _NVML_FI_DEV_POWER_INSTANT = 186  # milliwatts
 
 
-class _Value(ctypes.Union):  # nvmlValue_t
+class _Value(ctypes.Union):  # nvmlValue_t, its members in nvmlValueType_t's order
     _fields_ = [
         ("dVal", ctypes.c_double),
         ("uiVal", ctypes.c_uint),
@@ -56,7 +56,7 @@ class _FieldValue(ctypes.Structure):  # nvmlFieldValue_t
 
 
 # nvmlValueType_t: the union member each type is read from
-_VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+_VALUE_MEMBERS = tuple(name for name, _ in _Value._fields_)
 
 
 def _instant_power_w(lib, handle) -> float:
