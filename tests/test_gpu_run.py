@@ -300,7 +300,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"6": 1}
+_CALL_VARIANTS = {"6": 1, "12": 1}
 
 
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
@@ -361,6 +361,14 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
             line.split("no rows for ")[1] for line in proc.stderr.splitlines() if "no rows" in line
         ]
         assert kept == ["fa-mosaic-128-true-greedy"]
+    if call == "12":  # the persistent grid of clusters at the non-causal persistent rows
+        assert [_option(b, "--head-dims") for b in benches] == ["128", "64"]
+        assert {_option(b, "--causal") for b in benches} == {"false"}
+        assert all("tokamax:mosaic" in b for b in benches)
+        kept = [
+            line.split("no rows for ")[1] for line in proc.stderr.splitlines() if "no rows" in line
+        ]
+        assert kept == [f"fa-mosaic-{h}-false-persistent-multicast" for h in (128, 64)]
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):

@@ -530,6 +530,20 @@ def test_gpu_kv_multicast_changes_no_bit(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_gpu_persistent_kv_multicast_changes_no_bit(case):
+    """kv_multicast on the persistent grid compiled (one cluster of two per SM pair,
+    walking pairs of query tiles): the call's default row, persistent, with its early Q
+    loads but without the options whose items are per CTA, gives the same bits with the
+    clusters, and passes the reference."""
+    default = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
+    per_cta = dict(WITHOUT_PERSISTENT, early_q_load=default.early_q_load)
+    config = dataclasses.replace(default, persistent=True, kv_multicast=False, **per_cta)
+    multicast = dataclasses.replace(config, kv_multicast=True)
+    _changed_no_bit(case, config, multicast, interpret=False, seed=seed_of(case))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("flags", ["named_turns", "named_releases", "both"])
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
 def test_gpu_named_barriers_change_no_bit(case, flags):

@@ -85,6 +85,28 @@ def test_interpret_kv_multicast_changes_no_bit(case):
     _changed_no_bit(case, SMALL, multicast, interpret=True, seed=3)
 
 
+# The persistent grid of clusters: pairs of query tiles handed out to 3 clusters, rounds
+# whole and partial, non-causal (several pairs per head) and causal in the snake order,
+# with empty batch elements, unsorted segment ids, and head dim 256 (O through Q's buffer).
+PERSISTENT_MULTICAST_CASES = [INTERPRET_CASES[0], Case(2, 260, 130, 2, 1, 128, BF16)]
+PERSISTENT_MULTICAST_CASES += PERSISTENT_CASES
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("early_q", [False, True], ids=["", "early-q"])
+@pytest.mark.parametrize("case", PERSISTENT_MULTICAST_CASES, ids=lambda c: c.id)
+def test_interpret_persistent_kv_multicast_changes_no_bit(case, early_q):
+    """`kv_multicast` on the persistent grid: each cluster walks pairs of tiles in the
+    persistent order, a tile a CTA, the ring and the cluster's free barriers running on
+    from pair to pair; the same arithmetic per tile, so the persistent grid's bits (with
+    the next Q loaded early too, as the head-dim-128 non-causal row does), and the
+    reference."""
+    early = dict(early_q_load=True, o_from_registers=True) if early_q else {}
+    persistent = dataclasses.replace(SMALL, persistent=True, **early)
+    multicast = dataclasses.replace(persistent, kv_multicast=True)
+    _changed_no_bit(case, persistent, multicast, interpret=True, seed=5)
+
+
 @pytest.mark.extended
 @pytest.mark.parametrize("flags", ["o_from_registers", "early_q_load", "both"])
 @pytest.mark.parametrize("case", PERSISTENT_CASES, ids=lambda c: c.id)

@@ -287,29 +287,31 @@ class MosaicConfig:
       472.8 / 595.5 / 621.0 against 466.2 / 587.6 / 613.5 at head dims 64 / 128 / 256
       (1.01x each); 128 columns 594.2 at 128 and 614.8 at 256 (1.01x / 1.00x). So
       shared-memory bandwidth is not what holds the forward back: at most about 1 %.
-    kv_multicast: the grid's CTAs run in clusters of two on adjacent query tiles, which
-      walk the same key tiles (the key range of both tiles' rows, masked per element as
-      ever), and each K/V tile is loaded once for both by TMA multicast, each CTA's
-      producer loading half; a slot is refilled once all four consumers of the cluster
-      have released it (cluster barriers). Every CTA reads a K/V tile's bytes per
-      block_q x NUM_CONSUMERS rows: 128 flops a byte at 64-row warpgroups, whatever the
-      head dim, so at 600 TFLOP/s the SMs pull about 4.7 TB/s from L2, near what an
-      H100-class L2 gives; two CTAs per load halve that. Not with persistent. GPU
-      interpret mode runs the clusters: the same bits as without, the reference, no
-      data race (tests/test_mosaic.py). Compiled at f309273 (bf16, B x T = 16k, beside
-      the default row and cuDNN; results/mosaic-f309273/fa-mosaic-*-mc.jsonl), forward
-      TFLOP/s with against without: 8k non-causal 487.7 / 472.6 (1.03x), 598.6 / 593.9
-      (1.01x) and 615.5 / 615.0 (1.00x) at head dims 64 / 128 / 256; 16k causal 470.2 /
-      462.8 and 613.2 / 599.6 (1.02x) at 64 / 128; but at 2k, where the default rows are
-      persistent (or take 128-key tiles), 0.89x / 0.95x at 64 causal / not and 0.91x at
-      128 causal. Those runs timed the default first in its process, with the warm-up
-      that at f309273 read the first implementation 1-4 % slow (benchmarks.bench.time_fn),
-      so the 1-3 % gains are not yet told from that; its compiled bitwise test ran on 2
-      of the 30 case-table rows (the same bits, results/mosaic-f309273/mosaic-tests.log).
-      On since the 68th session in the head-dim-128 causal row above 8192 keys only,
-      after all 30 passed and it led there in two more processes
-      (KV_MULTICAST_CAUSAL_128); off elsewhere, where it lost what the persistent grid
-      gives (0.95-0.99x) or led in one process only.
+    kv_multicast: the grid's CTAs run in clusters of two on adjacent query tiles, which walk
+      the same key tiles (the key range of both tiles' rows, masked per element as ever),
+      and each K/V tile is loaded once for both by TMA multicast, each CTA's producer
+      loading half; a slot is refilled once all four consumers of the cluster have released
+      it (cluster barriers). Every CTA reads a K/V tile's bytes per block_q x NUM_CONSUMERS
+      rows: 128 flops a byte at 64-row warpgroups, whatever the head dim, so at 600 TFLOP/s
+      the SMs pull about 4.7 TB/s from L2, near what an H100-class L2 gives; two CTAs per
+      load halve that. With persistent, the grid is one cluster per SM pair, and each
+      cluster walks items of two adjacent query tiles in the persistent order, a CTA each
+      (not with split_tail or head_rounds, whose items are per CTA). GPU interpret mode runs
+      the clusters: the same bits as without, the reference, no data race
+      (tests/test_mosaic.py, and tests/test_mosaic_options.py on the persistent grid).
+      Compiled at f309273 (bf16, B x T = 16k, beside the default row and cuDNN;
+      results/mosaic-f309273/fa-mosaic-*-mc.jsonl), forward TFLOP/s with against without: 8k
+      non-causal 487.7 / 472.6 (1.03x), 598.6 / 593.9 (1.01x) and 615.5 / 615.0 (1.00x) at
+      head dims 64 / 128 / 256; 16k causal 470.2 / 462.8 and 613.2 / 599.6 (1.02x) at 64 /
+      128; but at 2k, where the default rows are persistent (or take 128-key tiles), 0.89x /
+      0.95x at 64 causal / not and 0.91x at 128 causal. Those runs timed the default first
+      in its process, with the warm-up that at f309273 read the first implementation 1-4 %
+      slow (benchmarks.bench.time_fn), so the 1-3 % gains are not yet told from that; its
+      compiled bitwise test ran on 2 of the 30 case-table rows (the same bits,
+      results/mosaic-f309273/mosaic-tests.log). On since the 68th session in the
+      head-dim-128 causal row above 8192 keys only, after all 30 passed and it led there in
+      two more processes (KV_MULTICAST_CAUSAL_128); off elsewhere, where it lost what the
+      persistent grid gives (0.95-0.99x) or led in one process only.
     named_turns: the ping-pong hands each turn over one way (one arrive after a
       consumer's Q K^T is issued, one sync before its P V), on the SM's hardware named
       barriers (`bar.arrive` / `bar.sync`, pipeline.PingPong) rather than a shared-memory
@@ -609,8 +611,11 @@ class MosaicConfig:
             )
         if self.intra_overlap and self.persistent:
             raise ValueError("intra_overlap is a schedule of its own: not with persistent")
-        if self.kv_multicast and self.persistent:
-            raise ValueError("kv_multicast pairs the grid's CTAs in clusters: not with persistent")
+        if self.kv_multicast and (self.split_tail or self.head_rounds):
+            raise ValueError(
+                "kv_multicast hands a persistent grid's items out to clusters of two in the "
+                "plain order: not with split_tail or head_rounds (whose items are per CTA)"
+            )
         if self.early_q_load and not self.persistent:
             raise ValueError(
                 "early_q_load loads a persistent CTA's next Q early: it needs persistent"

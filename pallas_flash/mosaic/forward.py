@@ -224,13 +224,17 @@ def forward(
     )
     num_items = N * num_q_tiles * B
     if config.persistent:  # one CTA per SM at most (the kernel fills an SM's registers)
-        num_ctas = min(num_items, _PERSISTENT_CTAS if interpret is not False else sm_count())
+        ctas = _PERSISTENT_CTAS if interpret is not False else sm_count()
+        if config.kv_multicast:  # the grid counts clusters of two, each item two tiles
+            # (interpret mode: _PERSISTENT_CTAS clusters, several items each as above)
+            num_items, ctas = num_items // 2, ctas if interpret is not False else ctas // 2
+        num_ctas = min(num_items, ctas)
         grid, grid_names = (num_ctas,), ("cta",)
     else:
         num_ctas = num_items
         grid, grid_names = (N, num_q_tiles, B), ("heads", "q_tiles", "batch")
-    if config.kv_multicast:  # the q_tiles axis counts clusters of two CTAs
-        grid = (N, num_q_tiles // 2, B)
+        if config.kv_multicast:  # the q_tiles axis counts clusters of two CTAs
+            grid = (N, num_q_tiles // 2, B)
     # split_tail: the last round's items in pieces over every CTA (split_tail.py); each
     # piece's O and logsumexp go out apart, [CTA, piece, rows(, H)], merged below.
     tail = None

@@ -103,7 +103,9 @@ def fwd_kernel(
     head_dim = qo_smem.shape[-1]
     dtype = qo_smem.dtype
     wg = lax.axis_index("wg")
-    num_items = heads * num_q_tiles * batch
+    # kv_multicast: an item is a pair of adjacent query tiles, walked by a cluster of two
+    # (a tile each), and a persistent grid's `num_ctas` counts clusters.
+    num_items = heads * num_q_tiles * batch // (2 if config.kv_multicast else 1)
     # tail_fixup: per split item and consumer, the count of its later pieces stored (a
     # global semaphore, zeroed before each call); the item's first piece awaits them.
     sems = (
@@ -158,10 +160,20 @@ def fwd_kernel(
     def item_at(i):
         """(batch, head, query tile) of this CTA's work item i. Causal tiles near the
         bottom do the most work: they come first, so that the last ones are short."""
-        if config.kv_multicast:  # a cluster of two CTAs per grid position: a tile each
-            b, h, pair = (lax.axis_index(name) for name in ("batch", "heads", "q_tiles"))
+        if config.kv_multicast:  # a cluster of two CTAs per pair of tiles: a tile each
+            pairs = num_q_tiles // 2
+            if config.persistent:  # as below, over pairs
+                w = item_index(i)
+                if spec.causal:
+                    pair, rest = lax.div(w, heads * batch), lax.rem(w, heads * batch)
+                    h, b = lax.div(rest, batch), lax.rem(rest, batch)
+                else:
+                    rest, pair = lax.div(w, pairs), lax.rem(w, pairs)
+                    b, h = lax.div(rest, heads), lax.rem(rest, heads)
+            else:  # its grid position
+                b, h, pair = (lax.axis_index(name) for name in ("batch", "heads", "q_tiles"))
             if spec.causal:
-                pair = num_q_tiles // 2 - 1 - pair
+                pair = pairs - 1 - pair
             return b, h, pair * 2 + lax.axis_index("cluster")
         if not config.persistent:  # one item per CTA: its grid position
             b, h, t = (lax.axis_index(name) for name in ("batch", "heads", "q_tiles"))
