@@ -30,16 +30,18 @@ case $call in
       MOSAIC_FA_IMPLS=$M,$PER_ITEM,jax.nn:cudnn,tokamax:mosaic timeout 270 bash $G "$C" mosaic-fa:128:true
     keep fa-mosaic-128-true-greedy ;;
   12) # the persistent grid of clusters (kv_multicast on the persistent grid, 69th
-    # session) at the non-causal forward's persistent rows, without their last round
-    # split (whose pieces are per CTA), beside the default and tokamax: head dim 128 at
-    # 2k-16k, then 64 at 2k-8k (the clusters alone, one CTA per item, lost 3-4 % to the
-    # persistent rows there at 512a5d0; half the L2 reads, for a board at its power limit).
+    # session) at the non-causal forward's persistent rows, with their last round split
+    # (in pairs of tiles over the clusters) and without, beside the default and tokamax:
+    # head dim 128 at 2k-16k, then 64 at 2k-8k (the clusters alone, one CTA per item,
+    # lost 3-4 % to the persistent rows there at 512a5d0; half the L2 reads, for a board
+    # at its power limit). At head dim 128 2k the default splits nothing: one variant.
     MC=$M/kv_multicast=true/split_tail=false/tail_fixup=false
-    FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_BUDGET=150 \
-      MOSAIC_FA_IMPLS=$M,$MC,tokamax:mosaic timeout 190 bash $G "$C" mosaic-fa:128:false
+    MCS=$M/kv_multicast=true
+    FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_BUDGET=200 \
+      MOSAIC_FA_IMPLS=$M,$MC,$MCS,tokamax:mosaic timeout 240 bash $G "$C" mosaic-fa:128:false
     keep fa-mosaic-128-false-persistent-multicast
-    FA_PASSES=fwd FA_SEQS=2048,4096,8192 MOSAIC_FA_BUDGET=110 \
-      MOSAIC_FA_IMPLS=$M,$MC,tokamax:mosaic timeout 150 bash $G "$C" mosaic-fa:64:false
+    FA_PASSES=fwd FA_SEQS=2048,4096,8192 MOSAIC_FA_BUDGET=140 \
+      MOSAIC_FA_IMPLS=$M,$MC,$MCS,tokamax:mosaic timeout 180 bash $G "$C" mosaic-fa:64:false
     keep fa-mosaic-64-false-persistent-multicast ;;
   *) echo "next_calls: no call $call (6, 12; 4 and 7 ran at e6ab66d, 2 and 5 at c0674ef, 10 at 5d326d1, 1, 3, 8 and 9 at 899d096, 11 at 512a5d0)" >&2; exit 2 ;;
 esac

@@ -300,7 +300,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"6": 1, "12": 1}
+_CALL_VARIANTS = {"6": 1, "12": 2}
 
 
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))

@@ -282,6 +282,7 @@ def test_interpret_never_reads_skipped_tiles():
         pytest.param("multicast", marks=pytest.mark.extended),
         "split",
         pytest.param("split-h256", marks=pytest.mark.extended),
+        pytest.param("clusters", marks=pytest.mark.extended),
         pytest.param("behind", marks=pytest.mark.extended),
     ],
 )
@@ -296,7 +297,8 @@ def test_interpret_finds_no_data_race(schedule):
     with early_q_load (persistent, O from registers), the next Q loads while this item's
     last softmax and P V run and its logsumexp is stored; with split_tail, the last of
     the 4 items in pieces over the 3 CTAs, each piece's logsumexp leaving through the
-    same buffer as a whole item's; with qk_behind_pv (persistent), each K slot is read
+    same buffer as a whole item's (with kv_multicast too: 2 pairs of tiles on 3 clusters,
+    the last pair in pieces); with qk_behind_pv (persistent), each K slot is read
     by the next Q K^T before the V slot of the tile before it is released; with
     head_rounds and early_q_load (the short causal default), the items in the table's
     order, each next Q loaded into its buffer while O leaves through its own."""
@@ -312,6 +314,7 @@ def test_interpret_finds_no_data_race(schedule):
         "multicast": {"kv_multicast": True},
         "early": {"persistent": True, "early_q_load": True, "o_from_registers": True},
         "split": {"persistent": True, "split_tail": True},
+        "clusters": {"persistent": True, "split_tail": True, "kv_multicast": True},
         "behind": {"persistent": True, "early_k_wait": True, "qk_behind_pv": True},
     }
     config = MosaicConfig(
@@ -700,14 +703,17 @@ SPLIT_TAIL_GPU_CASES = [
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("clusters", [False, True], ids=["", "clusters"])
 @pytest.mark.parametrize("fixup", [False, True], ids=["xla-merge", "fixup"])
 @pytest.mark.parametrize("case", SPLIT_TAIL_GPU_CASES, ids=lambda c: c.id)
-def test_gpu_split_tail_matches_reference(case, fixup):
-    """split_tail compiled on the call's row made persistent, its pieces merged after the
-    kernel or in it (tail_fixup): the reference's tolerance, the unsplit grid's result
-    within float32 merging, the same bits twice."""
+def test_gpu_split_tail_matches_reference(case, fixup, clusters):
+    """split_tail compiled on the call's row made persistent (`clusters`: a persistent
+    grid of clusters of two, kv_multicast, pairs of tiles in pieces), its pieces merged
+    after the kernel or in it (tail_fixup): the reference's tolerance, the unsplit grid's
+    result within float32 merging, the same bits twice."""
     row = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
-    whole = dataclasses.replace(row, persistent=True)
+    per_cta = dict(WITHOUT_PERSISTENT, early_q_load=row.early_q_load) if clusters else {}
+    whole = dataclasses.replace(row, persistent=True, kv_multicast=clusters, **per_cta)
     split = dataclasses.replace(whole, split_tail=True, tail_fixup=fixup)
     _compare(case, split, interpret=False, seed=seed_of(case))
     o, lse = _mosaic(case, split, False, seed_of(case))

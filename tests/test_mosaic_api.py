@@ -87,11 +87,10 @@ def test_forward_config_validation():
     for flags in (dict(intra_overlap=True), dict(kv_multicast=True), dict(num_stages=4)):
         with pytest.raises(ValueError, match="named_releases .* at most 3 stages"):
             MosaicConfig(named_releases=True, **flags)
-    persistent = dict(persistent=True)
-    for flags in (dict(persistent, split_tail=True), dict(persistent, head_rounds=True)):
-        with pytest.raises(ValueError, match="kv_multicast .* not with split_tail or head_r"):
-            MosaicConfig(kv_multicast=True, **flags)
-    MosaicConfig(kv_multicast=True, persistent=True)  # a persistent grid of clusters
+    with pytest.raises(ValueError, match="kv_multicast .* not with head_rounds"):
+        MosaicConfig(kv_multicast=True, persistent=True, head_rounds=True)
+    # a persistent grid of clusters, with its last round split or not
+    MosaicConfig(kv_multicast=True, persistent=True, split_tail=True, tail_fixup=True)
     with pytest.raises(ValueError, match="early_q_load .* needs persistent"):
         MosaicConfig(early_q_load=True)
     with pytest.raises(ValueError, match="qk_behind_pv .* needs early_k_wait"):

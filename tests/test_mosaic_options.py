@@ -480,12 +480,14 @@ SPLIT_TAIL_CASES = [
 
 
 @pytest.mark.extended
+@pytest.mark.parametrize("multicast", [False, True], ids=["", "clusters"])
 @pytest.mark.parametrize("case", SPLIT_TAIL_CASES, ids=lambda c: c.id)
-def test_interpret_split_tail_matches_the_reference_and_the_whole_items(case):
+def test_interpret_split_tail_matches_the_reference_and_the_whole_items(case, multicast):
     """The persistent grid with its last round in pieces: the reference's tolerance, and
     within float32 merging of the unsplit grid's result (O to a unit of the dtype's last
-    place, the logsumexp to 1e-5)."""
-    config = dataclasses.replace(SMALL, persistent=True, split_tail=True)
+    place, the logsumexp to 1e-5). With kv_multicast, the grid of clusters: pairs of
+    tiles in pieces over the clusters, each piece's rows a CTA's (split_tail.per_tile)."""
+    config = dataclasses.replace(SMALL, persistent=True, split_tail=True, kv_multicast=multicast)
     o, lse = _compare(case, config, interpret=True, seed=3)
     o_whole, lse_whole = _mosaic(case, dataclasses.replace(config, split_tail=False), True, seed=3)
     np.testing.assert_allclose(lse, lse_whole, rtol=1e-5, atol=1e-5)

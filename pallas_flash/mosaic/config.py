@@ -295,10 +295,11 @@ class MosaicConfig:
       rows: 128 flops a byte at 64-row warpgroups, whatever the head dim, so at 600 TFLOP/s
       the SMs pull about 4.7 TB/s from L2, near what an H100-class L2 gives; two CTAs per
       load halve that. With persistent, the grid is one cluster per SM pair, and each
-      cluster walks items of two adjacent query tiles in the persistent order, a CTA each
-      (not with split_tail or head_rounds, whose items are per CTA). GPU interpret mode runs
-      the clusters: the same bits as without, the reference, no data race
-      (tests/test_mosaic.py, and tests/test_mosaic_options.py on the persistent grid).
+      cluster walks items of two adjacent query tiles in the persistent order, a CTA each;
+      split_tail splits the last round's pairs over the clusters (not with head_rounds,
+      whose items are per CTA). GPU interpret mode runs the clusters: the same bits as
+      without, the reference, no data race (tests/test_mosaic.py, and
+      tests/test_mosaic_options.py on the persistent grid, split or not).
       Compiled at f309273 (bf16, B x T = 16k, beside the default row and cuDNN;
       results/mosaic-f309273/fa-mosaic-*-mc.jsonl), forward TFLOP/s with against without: 8k
       non-causal 487.7 / 472.6 (1.03x), 598.6 / 593.9 (1.01x) and 615.5 / 615.0 (1.00x) at
@@ -611,10 +612,10 @@ class MosaicConfig:
             )
         if self.intra_overlap and self.persistent:
             raise ValueError("intra_overlap is a schedule of its own: not with persistent")
-        if self.kv_multicast and (self.split_tail or self.head_rounds):
+        if self.kv_multicast and self.head_rounds:
             raise ValueError(
                 "kv_multicast hands a persistent grid's items out to clusters of two in the "
-                "plain order: not with split_tail or head_rounds (whose items are per CTA)"
+                "plain order: not with head_rounds (whose items are per CTA)"
             )
         if self.early_q_load and not self.persistent:
             raise ValueError(

@@ -259,10 +259,12 @@ def forward(
         tail_inputs = (jnp.asarray(tail.pieces),)
         # The pieces' O and logsumexp: each CTA's (XLA merges them), or with tail_fixup
         # each split item's pieces but its first (the first merges them in the kernel).
+        # kv_multicast: a row per tile of each item or cluster (fwd_kernel's `own`)
+        tiles = 2 if config.kv_multicast else 1
         shape = (
-            (len(tail.items), max(tail.parts.shape[1] - 1, 1), rows)
+            (len(tail.items) * tiles, max(tail.parts.shape[1] - 1, 1), rows)
             if fixup
-            else (num_ctas, split_tail.PIECES_PER_CTA, rows)
+            else (num_ctas * tiles, split_tail.PIECES_PER_CTA, rows)
         )
         tail_outputs = (
             jax.ShapeDtypeStruct((*shape, hp), jnp.float32),
@@ -280,7 +282,7 @@ def forward(
         num_ctas=num_ctas,
         compiled=interpret is False,
         tail_rounds=None if tail is None else tail.rounds,
-        fixup_items=len(tail.items) if fixup else 0,
+        fixup_items=len(tail.items) * tiles if fixup else 0,
         head_rounds=bool(order_inputs),
     )
     o, lse, *pieces = plgpu.kernel(
@@ -311,6 +313,10 @@ def forward(
         *order_inputs,
     )
     if tail is not None and not fixup:
-        coords = split_tail.item_coords(tail.items, N, B, num_q_tiles, spec.causal)
+        if config.kv_multicast:  # the items are pairs of tiles, the pieces a tile's
+            coords = split_tail.item_coords(tail.items, N, B, num_q_tiles // 2, spec.causal)
+            tail, coords = split_tail.per_tile(tail, coords)
+        else:
+            coords = split_tail.item_coords(tail.items, N, B, num_q_tiles, spec.causal)
         o, lse = split_tail.combine(o, lse, *pieces, tail, coords, rows)
     return o[:, :T, :, :H], lse[:, :, :T]

@@ -85,9 +85,10 @@ def fwd_kernel(
 ):
     # With segment ids, their [B, T] and [B, S] arrays come before the outputs; with
     # split_tail (`tail_rounds`: the whole rounds), the pieces' table [P, 2, 7] comes
-    # last of the inputs, and the pieces' O and logsumexp last of the outputs (with
-    # tail_fixup, `fixup_items` > 0: [split items, pieces - 1, rows(, H)], those of the
-    # pieces after each item's first, which merges them); with
+    # last of the inputs, and the pieces' O and logsumexp last of the outputs ([P, 2,
+    # rows(, H)], or with tail_fixup, `fixup_items` > 0: [split items, pieces - 1,
+    # rows(, H)], those of the pieces after each item's first, which merges them; with
+    # kv_multicast P and the split items count tiles, two a cluster or item); with
     # `head_rounds`, the items' order (pipeline.head_rounds_order: [items], or with
     # order_ranges [items, 8], pipeline.order_rows, or with greedy_items the per-CTA
     # lists of pipeline.greedy_items_order) is the last input.
@@ -106,8 +107,9 @@ def fwd_kernel(
     # kv_multicast: an item is a pair of adjacent query tiles, walked by a cluster of two
     # (a tile each), and a persistent grid's `num_ctas` counts clusters.
     num_items = heads * num_q_tiles * batch // (2 if config.kv_multicast else 1)
-    # tail_fixup: per split item and consumer, the count of its later pieces stored (a
-    # global semaphore, zeroed before each call); the item's first piece awaits them.
+    # tail_fixup: per split item (own(): per tile of one, with kv_multicast) and consumer,
+    # the count of its later pieces stored (a global semaphore, zeroed before each call);
+    # the item's first piece awaits them.
     sems = (
         pl.get_global(plgpu.SemaphoreType.REGULAR((fixup_items, config.consumers)))
         if fixup_items
@@ -127,6 +129,14 @@ def fwd_kernel(
 
     def piece_col(i, name):  # split_tail: a column (PIECE_COLS) of item i's piece
         return pieces_ref[lax.axis_index("cta"), piece_of(i), PIECE_COLS.index(name)]
+
+    def own(index):
+        """A split_tail row of this CTA's tile: with kv_multicast the pieces' outputs and
+        semaphores have a row per tile of each cluster's (or split item's) two, the
+        cluster's first CTA's then its second's; else `index` itself."""
+        if not config.kv_multicast:
+            return index
+        return index * 2 + lax.axis_index("cluster")
 
     # order_ranges: the table's rows carry each item's key range and lengths (ORDER_COLS).
     order_rows = order_ref is not None and config.order_ranges
@@ -631,7 +641,7 @@ def fwd_kernel(
                 """tail_fixup: O (float32, normalised) and the logsumexp of this item's rows
                 with its later pieces' merged in, in key order (split_tail.merge_pair),
                 where this is the first piece of a split item; else as they are."""
-                n, count = piece_col(i, "n"), piece_col(i, "count")
+                n, count = own(piece_col(i, "n")), piece_col(i, "count")
                 first = (i >= tail_rounds) & (piece_col(i, "k") == 0) & (count > 1)
                 pl.when(first)(
                     lambda: plgpu.semaphore_wait(sems.at[n, wg], count - 1, memory_scope="gpu")
@@ -691,7 +701,7 @@ def fwd_kernel(
 
                 def store_piece():  # split_tail: the piece's, float32, apart (merged later)
                     cta, piece, rows = (
-                        lax.axis_index("cta"),
+                        own(lax.axis_index("cta")),
                         piece_of(i),
                         pl.ds(wg * block_q, block_q),
                     )
@@ -702,7 +712,7 @@ def fwd_kernel(
                     plgpu.copy_smem_to_gmem(lse_smem.at[wg], piece_lse_ref.at[cta, piece, rows])
 
                 def store_later_piece():  # tail_fixup: for the item's first piece to merge
-                    n, k = piece_col(i, "n"), piece_col(i, "k")
+                    n, k = own(piece_col(i, "n")), piece_col(i, "k")
                     mine = pl.ds(wg * block_q, block_q)
                     piece_o_ref.at[n, k - 1, mine][...] = o32  # global stores from registers
                     piece_lse_ref.at[n, k - 1, mine][...] = lse

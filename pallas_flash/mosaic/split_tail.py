@@ -92,6 +92,29 @@ def item_coords(items: np.ndarray, heads: int, batch: int, num_q_tiles: int, cau
     return b, h, t
 
 
+def per_tile(tail: TailPlan, coords):
+    """The plan and coordinates of a grid of clusters (`MosaicConfig.kv_multicast`) by
+    tile: each item is a pair of query tiles (`coords` give the pair's index, from
+    `item_coords` over pairs), walked by a cluster of two CTAs, a tile each; a piece's
+    output is a CTA's, at row cluster * 2 + its rank (fwd_kernel's `own`). Each split
+    item becomes two, the cluster's first tile's then its second's."""
+    cta, slot = tail.parts[..., 0], tail.parts[..., 1]
+    parts = np.concatenate([np.stack([cta * 2 + rank, slot], axis=-1) for rank in (0, 1)])
+    b, h, pair = coords
+    coords = (
+        np.concatenate([b, b]),
+        np.concatenate([h, h]),
+        np.concatenate([pair * 2, pair * 2 + 1]),
+    )
+    tail = dataclasses.replace(
+        tail,
+        items=np.concatenate([tail.items, tail.items]),
+        parts=parts.astype(np.int32),
+        valid=np.concatenate([tail.valid, tail.valid]),
+    )
+    return tail, coords
+
+
 def combine(o, lse, piece_o, piece_lse, tail: TailPlan, coords, rows: int):
     """O [B, T, N, H] and the logsumexp [B, N, T] with the split items' rows merged from
     their pieces (piece_o [P, 2, rows, H] float32, piece_lse [P, 2, rows]): each piece
