@@ -297,7 +297,7 @@ def test_interpret_finds_no_data_race(schedule):
     with early_q_load (persistent, O from registers), the next Q loads while this item's
     last softmax and P V run and its logsumexp is stored; with split_tail, the last of
     the 4 items in pieces over the 3 CTAs, each piece's logsumexp leaving through the
-    same buffer as a whole item's (with kv_multicast too: 2 pairs of tiles on 3 clusters,
+    same buffer as a whole item's (with kv_multicast too: 4 pairs of tiles on 3 clusters,
     the last pair in pieces); with qk_behind_pv (persistent), each K slot is read
     by the next Q K^T before the V slot of the tile before it is released; with
     head_rounds and early_q_load (the short causal default), the items in the table's
@@ -306,7 +306,8 @@ def test_interpret_finds_no_data_race(schedule):
 
     params = plgpu.InterpretGPUParams(detect_races=True)
     head_dim = 256 if schedule.endswith("h256") else 64
-    case = Case(1, 130, 300, 2, 1, head_dim, BF16, causal=True)
+    heads = 4 if schedule == "clusters" else 2  # 4 pairs of tiles on 3 clusters
+    case = Case(1, 130, 300, heads, 1, head_dim, BF16, causal=True)
     flags = {
         "overlap": {"intra_overlap": True},
         "persistent": {"persistent": True},
