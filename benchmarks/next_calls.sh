@@ -43,5 +43,22 @@ case $call in
     FA_PASSES=fwd FA_SEQS=2048,4096,8192 MOSAIC_FA_BUDGET=140 \
       MOSAIC_FA_IMPLS=$M,$MC,$MCS,tokamax:mosaic timeout 180 bash $G "$C" mosaic-fa:64:false
     keep fa-mosaic-64-false-persistent-multicast ;;
-  *) echo "next_calls: no call $call (6, 12; 4 and 7 ran at e6ab66d, 2 and 5 at c0674ef, 10 at 5d326d1, 1, 3, 8 and 9 at 899d096, 11 at 512a5d0)" >&2; exit 2 ;;
+  13) # the causal forward's clusters on the persistent grid (69th session): head dim 128
+    # at 2k-8k, where the default is persistent in head order (2k) or the list schedule
+    # (4k / 8k), with the clusters walking both tiles' keys and each its own
+    # (multicast_own_keys), beside the default and tokamax; at 16k, where the default
+    # runs clusters of two already (one per pair of tiles), the own keys beside it; then
+    # head dim 64 causal 4k (head order; the own keys spill 48 bytes there, ptxas).
+    MC=$M/kv_multicast=true
+    MCO=$M/kv_multicast=true/multicast_own_keys=true
+    FA_PASSES=fwd FA_SEQS=2048,4096,8192 MOSAIC_FA_BUDGET=170 \
+      MOSAIC_FA_IMPLS=$M,$MC,$MCO,tokamax:mosaic timeout 210 bash $G "$C" mosaic-fa:128:true
+    keep fa-mosaic-128-true-persistent-multicast
+    FA_PASSES=fwd FA_SEQS=16384 MOSAIC_FA_BUDGET=80 \
+      MOSAIC_FA_IMPLS=$M,$MCO,tokamax:mosaic timeout 110 bash $G "$C" mosaic-fa:128:true
+    keep fa-mosaic-128-true-own-keys
+    FA_PASSES=fwd FA_SEQS=4096 MOSAIC_FA_BUDGET=60 \
+      MOSAIC_FA_IMPLS=$M,$MC,$MCO,tokamax:mosaic timeout 90 bash $G "$C" mosaic-fa:64:true
+    keep fa-mosaic-64-true-persistent-multicast ;;
+  *) echo "next_calls: no call $call (6, 12, 13; 4 and 7 ran at e6ab66d, 2 and 5 at c0674ef, 10 at 5d326d1, 1, 3, 8 and 9 at 899d096, 11 at 512a5d0)" >&2; exit 2 ;;
 esac

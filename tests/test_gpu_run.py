@@ -300,7 +300,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"6": 1, "12": 2}
+_CALL_VARIANTS = {"6": 1, "12": 2, "13": 2}
 
 
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
@@ -361,6 +361,18 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
             line.split("no rows for ")[1] for line in proc.stderr.splitlines() if "no rows" in line
         ]
         assert kept == ["fa-mosaic-128-true-greedy"]
+    if call == "13":  # the causal rows' clusters: head dim 128 at 2k-8k and 16k, 64 at 4k
+        assert [_option(b, "--head-dims") for b in benches] == ["128", "128", "64"]
+        assert [_option(b, "--seqs") for b in benches] == ["2048,4096,8192", "16384", "4096"]
+        assert {_option(b, "--causal") for b in benches} == {"true"}
+        kept = [
+            line.split("no rows for ")[1] for line in proc.stderr.splitlines() if "no rows" in line
+        ]
+        assert kept == [
+            "fa-mosaic-128-true-persistent-multicast",
+            "fa-mosaic-128-true-own-keys",
+            "fa-mosaic-64-true-persistent-multicast",
+        ]
     if call == "12":  # the persistent grid of clusters at the non-causal persistent rows
         assert [_option(b, "--head-dims") for b in benches] == ["128", "64"]
         assert {_option(b, "--causal") for b in benches} == {"false"}

@@ -533,18 +533,57 @@ def test_gpu_kv_multicast_changes_no_bit(case):
     _changed_no_bit(case, config, multicast, interpret=False, seed=seed_of(case))
 
 
+# The cases whose mask bounds the keys by row or document, where each tile of a pair
+# sees its own key tiles (multicast_own_keys).
+BOUNDED_GPU_CASES = [
+    c for c in GPU_CASES if (s := _spec(c)).left is not None or s.right is not None or s.segments
+]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
 def test_gpu_persistent_kv_multicast_changes_no_bit(case):
     """kv_multicast on the persistent grid compiled (one cluster of two per SM pair,
-    walking pairs of query tiles): the call's default row, persistent, with its early Q
-    loads but without the options whose items are per CTA, gives the same bits with the
-    clusters, and passes the reference."""
+    walking pairs of query tiles in the call's default order: plain, head order or the
+    list schedule, the last round split or not; the next Q loaded early where the row
+    does): the default row made persistent gives the same bits with the clusters (up to
+    float32 merging where its last round splits, whose pieces the clusters cut per
+    pair), and passes the reference. Own keys: test_gpu_multicast_own_keys_changes_no_bit."""
     default = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
-    per_cta = dict(WITHOUT_PERSISTENT, early_q_load=default.early_q_load)
-    config = dataclasses.replace(default, persistent=True, kv_multicast=False, **per_cta)
+    config = dataclasses.replace(default, persistent=True, kv_multicast=False)
     multicast = dataclasses.replace(config, kv_multicast=True)
-    _changed_no_bit(case, config, multicast, interpret=False, seed=seed_of(case))
+    _changed_no_bit_or_merged(case, config, multicast)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("persistent", [False, True], ids=["", "persistent"])
+@pytest.mark.parametrize("case", BOUNDED_GPU_CASES, ids=lambda c: c.id)
+def test_gpu_multicast_own_keys_changes_no_bit(case, persistent):
+    """multicast_own_keys compiled: each CTA of a cluster computes its own tile's key
+    tiles and passes the pair's others on, in the grid of one cluster per pair and
+    (`persistent`) on the persistent grid in the default's order: the same bits as the
+    row without clusters (as above where the last round splits), and the reference."""
+    default = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
+    config = dataclasses.replace(default, kv_multicast=False, multicast_own_keys=False)
+    if persistent:
+        config = dataclasses.replace(config, persistent=True)
+    else:
+        config = dataclasses.replace(config, persistent=False, **WITHOUT_PERSISTENT)
+    multicast = dataclasses.replace(config, kv_multicast=True, multicast_own_keys=True)
+    _changed_no_bit_or_merged(case, config, multicast)
+
+
+def _changed_no_bit_or_merged(case: Case, config, multicast):
+    """`multicast` passes the reference and gives `config`'s bits, or where the last round
+    splits (split_tail, whose pieces differ between the grids) its result within float32
+    merging (the logsumexp to 1e-5, O to 1e-2)."""
+    if not config.split_tail:
+        _changed_no_bit(case, config, multicast, interpret=False, seed=seed_of(case))
+        return
+    o, lse = _compare(case, multicast, interpret=False, seed=seed_of(case))
+    o0, lse0 = _mosaic(case, config, False, seed_of(case))
+    np.testing.assert_allclose(lse, lse0, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(o, np.float32), np.asarray(o0, np.float32), atol=1e-2)
 
 
 @pytest.mark.gpu

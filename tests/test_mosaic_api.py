@@ -87,10 +87,11 @@ def test_forward_config_validation():
     for flags in (dict(intra_overlap=True), dict(kv_multicast=True), dict(num_stages=4)):
         with pytest.raises(ValueError, match="named_releases .* at most 3 stages"):
             MosaicConfig(named_releases=True, **flags)
-    with pytest.raises(ValueError, match="kv_multicast .* not with head_rounds"):
-        MosaicConfig(kv_multicast=True, persistent=True, head_rounds=True)
-    # a persistent grid of clusters, with its last round split or not
+    # a persistent grid of clusters, its last round split or its items in head order
     MosaicConfig(kv_multicast=True, persistent=True, split_tail=True, tail_fixup=True)
+    MosaicConfig(kv_multicast=True, persistent=True, head_rounds=True, greedy_items=True)
+    with pytest.raises(ValueError, match="multicast_own_keys .* needs kv_multicast"):
+        MosaicConfig(multicast_own_keys=True)
     with pytest.raises(ValueError, match="early_q_load .* needs persistent"):
         MosaicConfig(early_q_load=True)
     with pytest.raises(ValueError, match="qk_behind_pv .* needs early_k_wait"):

@@ -74,14 +74,16 @@ def test_interpret_mask_form_changes_no_bit(case, field):
 
 
 @pytest.mark.extended
+@pytest.mark.parametrize("own_keys", [False, True], ids=["", "own-keys"])
 @pytest.mark.parametrize("case", MASK_CASES, ids=lambda c: c.id)
-def test_interpret_kv_multicast_changes_no_bit(case):
+def test_interpret_kv_multicast_changes_no_bit(case, own_keys):
     """`kv_multicast` (clusters of two CTAs sharing each K/V tile's load): each CTA walks
     the key range of both tiles' rows, so a tile may see key tiles its own rows mask out
     entirely (bottom-right causal with a key length, rows that see no key, ragged
     lengths, a window, segment ids under causal masking, an odd number of query tiles),
-    which leave every bit as it was; and against the reference."""
-    multicast = dataclasses.replace(SMALL, kv_multicast=True)
+    which leave every bit as it was; or (`multicast_own_keys`) computes its own tile's
+    and passes the others' slots on, before and after them; and against the reference."""
+    multicast = dataclasses.replace(SMALL, kv_multicast=True, multicast_own_keys=own_keys)
     _changed_no_bit(case, SMALL, multicast, interpret=True, seed=3)
 
 
@@ -92,18 +94,30 @@ PERSISTENT_MULTICAST_CASES = [INTERPRET_CASES[0], Case(2, 260, 130, 2, 1, 128, B
 PERSISTENT_MULTICAST_CASES += PERSISTENT_CASES
 
 
+_EARLY_Q = dict(early_q_load=True, o_from_registers=True)
+_ORDERS = {
+    "": {},
+    "early-q": _EARLY_Q,
+    "heads": dict(_EARLY_Q, head_rounds=True),  # causal calls only, as in the defaults
+    "list": dict(_EARLY_Q, head_rounds=True, greedy_items=True),
+}
+# The causal orders' clusters compute their own tiles' keys alone (multicast_own_keys).
+_OWN_KEYS = ("heads", "list")
+
+
 @pytest.mark.extended
-@pytest.mark.parametrize("early_q", [False, True], ids=["", "early-q"])
+@pytest.mark.parametrize("order", sorted(_ORDERS))
 @pytest.mark.parametrize("case", PERSISTENT_MULTICAST_CASES, ids=lambda c: c.id)
-def test_interpret_persistent_kv_multicast_changes_no_bit(case, early_q):
+def test_interpret_persistent_kv_multicast_changes_no_bit(case, order):
     """`kv_multicast` on the persistent grid: each cluster walks pairs of tiles in the
-    persistent order, a tile a CTA, the ring and the cluster's free barriers running on
-    from pair to pair; the same arithmetic per tile, so the persistent grid's bits (with
-    the next Q loaded early too, as the head-dim-128 non-causal row does), and the
+    persistent order (or head_rounds' head order, or greedy_items' lists, of pairs), a
+    tile a CTA, the ring and the cluster's free barriers running on from pair to pair;
+    the same arithmetic per tile, so the persistent grid's bits (with the next Q loaded
+    early too, as the head-dim-128 non-causal and the head-order rows do), and the
     reference."""
-    early = dict(early_q_load=True, o_from_registers=True) if early_q else {}
-    persistent = dataclasses.replace(SMALL, persistent=True, **early)
-    multicast = dataclasses.replace(persistent, kv_multicast=True)
+    persistent = dataclasses.replace(SMALL, persistent=True, **_ORDERS[order])
+    own_keys = order in _OWN_KEYS
+    multicast = dataclasses.replace(persistent, kv_multicast=True, multicast_own_keys=own_keys)
     _changed_no_bit(case, persistent, multicast, interpret=True, seed=5)
 
 

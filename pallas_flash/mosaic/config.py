@@ -295,11 +295,11 @@ class MosaicConfig:
       rows: 128 flops a byte at 64-row warpgroups, whatever the head dim, so at 600 TFLOP/s
       the SMs pull about 4.7 TB/s from L2, near what an H100-class L2 gives; two CTAs per
       load halve that. With persistent, the grid is one cluster per SM pair, and each
-      cluster walks items of two adjacent query tiles in the persistent order, a CTA each;
-      split_tail splits the last round's pairs over the clusters (not with head_rounds,
-      whose items are per CTA). GPU interpret mode runs the clusters: the same bits as
-      without, the reference, no data race (tests/test_mosaic.py, and
-      tests/test_mosaic_options.py on the persistent grid, split or not).
+      cluster walks items of two adjacent query tiles in the persistent order (or
+      head_rounds' and greedy_items' orders of pairs), a CTA each; split_tail splits the
+      last round's pairs over the clusters. GPU interpret mode runs the clusters: the same
+      bits as without, the reference, no data race (tests/test_mosaic.py, and
+      tests/test_mosaic_options.py on the persistent grid, split or not, in head order).
       Compiled at f309273 (bf16, B x T = 16k, beside the default row and cuDNN;
       results/mosaic-f309273/fa-mosaic-*-mc.jsonl), forward TFLOP/s with against without: 8k
       non-causal 487.7 / 472.6 (1.03x), 598.6 / 593.9 (1.01x) and 615.5 / 615.0 (1.00x) at
@@ -313,6 +313,16 @@ class MosaicConfig:
       head-dim-128 causal row above 8192 keys only, after all 30 passed and it led there in
       two more processes (KV_MULTICAST_CAUSAL_128); off elsewhere, where it lost what the
       persistent grid gives (0.95-0.99x) or led in one process only.
+    multicast_own_keys: with kv_multicast, each CTA computes only its own tile's key
+      tiles among its pair's, where a mask bounds the keys by row or document (causal, a
+      window, segment ids; fwd_kernel.walks_own_keys), and passes the others' slots on
+      (awaits each barrier phase, releases the slot): without it the pair's upper tile
+      computes the lower's last key tiles, all masked for its rows, one 128-key tile a
+      pair under a causal mask at 64-row warpgroups (about 1 / (2n + 1) of a pair of n
+      and n + 1 tiles' work: 5 % at 2k keys, 0.8 % at 16k). The same bits (GPU interpret
+      mode, tests/test_mosaic_options.py). 69th session; ptxas for sm_90a: no spills at
+      head dim 128, causal, 2k-16k; 48 / 60 bytes at head dim 64 causal 4k (head order,
+      256-key tiles), none without it. Not yet compiled on a GPU.
     named_turns: the ping-pong hands each turn over one way (one arrive after a
       consumer's Q K^T is issued, one sync before its P V), on the SM's hardware named
       barriers (`bar.arrive` / `bar.sync`, pipeline.PingPong) rather than a shared-memory
@@ -529,6 +539,7 @@ class MosaicConfig:
     column_blocks: bool = True
     q_register_cols: int = 0
     kv_multicast: bool = False
+    multicast_own_keys: bool = False
     named_turns: bool = False
     named_releases: bool = False
     o_from_registers: bool = False
@@ -612,10 +623,9 @@ class MosaicConfig:
             )
         if self.intra_overlap and self.persistent:
             raise ValueError("intra_overlap is a schedule of its own: not with persistent")
-        if self.kv_multicast and self.head_rounds:
+        if self.multicast_own_keys and not self.kv_multicast:
             raise ValueError(
-                "kv_multicast hands a persistent grid's items out to clusters of two in the "
-                "plain order: not with head_rounds (whose items are per CTA)"
+                "multicast_own_keys walks a cluster's pair of tiles: it needs kv_multicast"
             )
         if self.early_q_load and not self.persistent:
             raise ValueError(

@@ -70,7 +70,7 @@ from pallas_flash.mosaic.config import (
     MosaicConfig,
     padded_head_dim,
 )
-from pallas_flash.mosaic.fwd_kernel import fwd_kernel
+from pallas_flash.mosaic.fwd_kernel import fwd_kernel, walks_own_keys
 from pallas_flash.mosaic.pipeline import (
     greedy_items_order,
     head_rounds_order,
@@ -176,6 +176,9 @@ def forward(
     if segments is not None:
         segments = tuple(x.astype(jnp.int32) for x in segments)
     ranges = kv_tile_ranges(spec, q_len, kv_len, segments, t_pad, range_rows, config.block_kv)
+    if walks_own_keys(config, spec):  # beside each pair's range, its tiles': [B, pairs, 12]
+        own = kv_tile_ranges(spec, q_len, kv_len, segments, t_pad, rows, config.block_kv)
+        ranges = jnp.concatenate([ranges, own.reshape(B, t_pad // range_rows, 8)], axis=-1)
     seg_inputs = ()
     if segments is not None:
         q_seg, kv_seg = segments
@@ -242,16 +245,17 @@ def forward(
         tail = split_tail.plan(num_items, num_ctas, s_pad // config.block_kv)
     # head_rounds: which item each CTA walks when, from a table (causal; without the mask
     # the persistent order is head order already).
-    order_inputs = ()
+    # (kv_multicast: an item is a cluster's pair of tiles, its keys a range row's)
+    order_inputs, units = (), t_pad // range_rows
     if config.head_rounds and spec.causal:  # persistent (MosaicConfig checks it)
         if config.greedy_items:  # a list schedule: per-CTA counts, then the items
-            costs = nominal_key_tiles(spec, T, S, num_q_tiles, rows, config.block_kv)
+            costs = nominal_key_tiles(spec, T, S, units, range_rows, config.block_kv)
             table = jnp.asarray(greedy_items_order(costs, N, B, num_ctas))
         elif config.order_ranges:  # each item's key range and lengths in its row
-            order = head_rounds_order(B * N, num_q_tiles, num_ctas)
-            table = order_rows(order, ranges, q_len, kv_len, N, num_q_tiles)
+            order = head_rounds_order(B * N, units, num_ctas)
+            table = order_rows(order, ranges, q_len, kv_len, N, units)
         else:
-            table = jnp.asarray(head_rounds_order(B * N, num_q_tiles, num_ctas))
+            table = jnp.asarray(head_rounds_order(B * N, units, num_ctas))
         order_inputs = (table,)
     tail_inputs, tail_outputs = (), ()
     fixup = tail is not None and config.tail_fixup

@@ -47,6 +47,16 @@ from pallas_flash.mosaic.split_tail import PIECE_COLS, merge_pair
 ONES_KEYS = 64
 
 
+def walks_own_keys(config: MosaicConfig, spec: masks.MaskSpec) -> bool:
+    """Whether each CTA of a kv_multicast cluster walks its own tile's key tiles among its
+    pair's, passing the others' slots on (MosaicConfig.multicast_own_keys): where a mask
+    bounds the keys by row (causal, a window) or by document (segment ids), so that the
+    two tiles' ranges differ. Without one they differ only past q_len, whose rows are
+    cut; the table of key ranges then has the pairs' alone (forward.py)."""
+    bounded = spec.left is not None or spec.right is not None or spec.segments
+    return config.kv_multicast and config.multicast_own_keys and bounded
+
+
 def fwd_kernel(
     q_len_ref,
     kv_len_ref,
@@ -153,15 +163,19 @@ def fwd_kernel(
         row = order_row(i)
         return tuple(order_ref[row, ORDER_COLS.index(name)] for name in ("q_len", "kv_len"))
 
-    def key_range(i, b, tile, ends_only: bool = False):
+    def key_range(i, b, tile, ends_only: bool = False, own: bool = False):
         """(lo, full_lo, full_hi, hi): the key tiles item i walks, the masked ones below
         full_lo and from full_hi; a split_tail piece's are its own keys among them.
-        `ends_only` (the producer's): (lo, hi), the other two not read."""
+        `ends_only` (the producer's): (lo, hi), the other two not read. With kv_multicast
+        the item's are its pair's, and `own` gives this CTA's tile's among them (where
+        walks_own_keys: the table's columns 4-7 of the pair's first tile, 8-11 of its
+        second)."""
         cols = (0, 3) if ends_only else range(4)
-        if order_rows:  # from the item's row of the table, read with its index
+        if order_rows and not own:  # from the item's row of the table, read with its index
             return tuple(order_ref[order_row(i), ORDER_COLS.index("lo") + c] for c in cols)
         row = range_row(tile)
-        bounds = tuple(ranges_ref[b, row, c] for c in cols)
+        first_col = 4 + 4 * lax.rem(tile, jnp.int32(2)) if own else 0
+        bounds = tuple(ranges_ref[b, row, first_col + c] for c in cols)
         if not tail_rounds:
             return bounds
         first, end = piece_col(i, "first"), piece_col(i, "end")
@@ -169,36 +183,28 @@ def fwd_kernel(
 
     def item_at(i):
         """(batch, head, query tile) of this CTA's work item i. Causal tiles near the
-        bottom do the most work: they come first, so that the last ones are short."""
-        if config.kv_multicast:  # a cluster of two CTAs per pair of tiles: a tile each
-            pairs = num_q_tiles // 2
-            if config.persistent:  # as below, over pairs
-                w = item_index(i)
-                if spec.causal:
-                    pair, rest = lax.div(w, heads * batch), lax.rem(w, heads * batch)
-                    h, b = lax.div(rest, batch), lax.rem(rest, batch)
-                else:
-                    rest, pair = lax.div(w, pairs), lax.rem(w, pairs)
-                    b, h = lax.div(rest, heads), lax.rem(rest, heads)
-            else:  # its grid position
-                b, h, pair = (lax.axis_index(name) for name in ("batch", "heads", "q_tiles"))
-            if spec.causal:
-                pair = pairs - 1 - pair
-            return b, h, pair * 2 + lax.axis_index("cluster")
-        if not config.persistent:  # one item per CTA: its grid position
+        bottom do the most work: they come first, so that the last ones are short. With
+        kv_multicast an item is a pair of adjacent tiles, a cluster's, one tile a CTA:
+        the orders below hand out pairs."""
+        units = num_q_tiles // 2 if config.kv_multicast else num_q_tiles  # tiles or pairs
+        if not config.persistent:  # one item per CTA (or cluster): its grid position
             b, h, t = (lax.axis_index(name) for name in ("batch", "heads", "q_tiles"))
         elif order_ref is not None:  # head_rounds: head order, from the table
             w = order_ref[order_row(i), 0] if order_rows else order_ref[order_row(i)]
-            return head_rounds_coords(w, heads, num_q_tiles, divmod=lax_divmod)
+            b, h, u = head_rounds_coords(w, heads, units, divmod=lax_divmod)
+            return b, h, own_tile(u)
         else:
             w = item_index(i)
             if spec.causal:  # tile-major: every (batch, head)'s bottom tile first
                 t, rest = lax.div(w, heads * batch), lax.rem(w, heads * batch)
                 h, b = lax.div(rest, batch), lax.rem(rest, batch)
             else:  # one (batch, head)'s tiles together: they share K and V in L2
-                rest, t = lax.div(w, num_q_tiles), lax.rem(w, num_q_tiles)
+                rest, t = lax.div(w, units), lax.rem(w, units)
                 b, h = lax.div(rest, heads), lax.rem(rest, heads)
-        return b, h, (num_q_tiles - 1 - t) if spec.causal else t
+        return b, h, own_tile((units - 1 - t) if spec.causal else t)
+
+    def own_tile(u):  # kv_multicast: this CTA's tile of pair u; else tile u
+        return u * 2 + lax.axis_index("cluster") if config.kv_multicast else u
 
     def range_row(tile):
         """The row of `ranges_ref` with the key tiles of query tile `tile`: with
@@ -281,9 +287,37 @@ def fwd_kernel(
         def consume(i, base):
             b, h, tile = item_at(i)
             lo, full_lo, full_hi, hi = key_range(i, b, tile)
+            first = lo  # the first tile streamed, at ring position base
 
-            def slot_of(j):  # key tile j is at ring position base + j - lo
-                return lax.rem(base + j - lo, jnp.int32(stages))
+            def slot_of(j):  # key tile j is at ring position base + j - first
+                return lax.rem(base + j - first, jnp.int32(stages))
+
+            own_keys = walks_own_keys(config, spec)
+
+            def streamed_end():  # the end of the tiles streamed (the pair's, own_keys)
+                return key_range(i, b, tile, ends_only=True)[1] if own_keys else hi
+
+            def pass_tiles(start, stop):
+                """own_keys: tiles start .. stop - 1 of the pair's that this CTA's rows
+                do not see: awaited (each barrier phase is waited once) and released, so
+                that the producers can refill their slots."""
+
+                def pass_tile(j, _):
+                    slot = slot_of(j)
+                    for ready, free in ((k_ready, k_free), (v_ready, v_free)):
+                        plgpu.barrier_wait(ready.at[slot])
+                        release_slot(free, slot)
+
+                lax.fori_loop(start, stop, pass_tile, None)
+
+            if own_keys:  # this tile's own key tiles (within its pair's) walked
+                end = hi  # (read again where the pair's last tiles pass: fewer live registers)
+                lo, full_lo, full_hi, hi = key_range(i, b, tile, own=True)
+                lo = jnp.minimum(jnp.maximum(lo, first), jnp.maximum(end, first))
+                hi = jnp.minimum(jnp.maximum(hi, lo), jnp.maximum(end, lo))
+                full_lo = jnp.minimum(jnp.maximum(full_lo, lo), hi)
+                full_hi = jnp.minimum(jnp.maximum(full_hi, full_lo), hi)
+                pass_tiles(first, lo)
 
             q0 = (tile * consumers + wg) * block_q
             q_smem = qo_smem.at[wg]
@@ -661,6 +695,8 @@ def fwd_kernel(
 
             def finish(acc, m_i, l_i):
                 pingpong.end()
+                if own_keys:  # the pair's tiles after this tile's own
+                    pass_tiles(hi, streamed_end())
                 if config.row_sum_wgmma:  # every column of the accumulator is the row sum
                     l_i = jnp.max(l_i, axis=1)
                 # Rows past q_len are padding, and a fully masked row has l_i == 0: both
@@ -769,7 +805,7 @@ def fwd_kernel(
                 # The prologue needs a first tile: a row block that sees none skips to the end.
                 pl.when(hi > lo)(lambda: finish(*overlapped(carry)))
                 pl.when(hi <= lo)(lambda: finish(*carry))
-            return base + jnp.maximum(hi - lo, 0)
+            return base + jnp.maximum(streamed_end() - first, 0)
 
         run_items(consume)
         if config.persistent:

@@ -412,7 +412,7 @@ def order_rows(order: np.ndarray, ranges, q_len, kv_len, heads: int, num_q_tiles
     b, _, tile = head_rounds_coords(order, heads, num_q_tiles)
     cols = [
         jnp.asarray(order)[:, None],
-        ranges[b, tile],
+        ranges[b, tile, :4],  # (kv_multicast's tables carry its tiles' ranges after)
         q_len[b][:, None],
         kv_len[b][:, None],
         jnp.zeros((len(order), 1), jnp.int32),
