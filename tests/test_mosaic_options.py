@@ -19,7 +19,7 @@ import pytest
 
 from pallas_flash.mosaic import pipeline, softmax, split_tail
 from pallas_flash.mosaic.config import WARPGROUP_THREADS
-from tests.cases import Case
+from tests.cases import Case, packed
 from tests.test_mosaic import (
     BF16,
     INTERPRET_CASES,
@@ -73,9 +73,16 @@ def test_interpret_mask_form_changes_no_bit(case, field):
     )
 
 
+# Besides, packed documents over 300 rows: 3 tiles of 128 rows with ids, padded to 2
+# pairs, whose last tile starts past T (the tiles' own ranges from padded ids).
+MULTICAST_CASES = MASK_CASES + [
+    Case(2, 300, 300, 2, 1, 64, BF16, causal=True, segments=(packed([(90, 210), (300,)], 300),) * 2)
+]
+
+
 @pytest.mark.extended
 @pytest.mark.parametrize("own_keys", [False, True], ids=["", "own-keys"])
-@pytest.mark.parametrize("case", MASK_CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", MULTICAST_CASES, ids=lambda c: c.id)
 def test_interpret_kv_multicast_changes_no_bit(case, own_keys):
     """`kv_multicast` (clusters of two CTAs sharing each K/V tile's load): each CTA walks
     the key range of both tiles' rows, so a tile may see key tiles its own rows mask out

@@ -176,9 +176,6 @@ def forward(
     if segments is not None:
         segments = tuple(x.astype(jnp.int32) for x in segments)
     ranges = kv_tile_ranges(spec, q_len, kv_len, segments, t_pad, range_rows, config.block_kv)
-    if walks_own_keys(config, spec):  # beside each pair's range, its tiles': [B, pairs, 12]
-        own = kv_tile_ranges(spec, q_len, kv_len, segments, t_pad, rows, config.block_kv)
-        ranges = jnp.concatenate([ranges, own.reshape(B, t_pad // range_rows, 8)], axis=-1)
     seg_inputs = ()
     if segments is not None:
         q_seg, kv_seg = segments
@@ -186,6 +183,11 @@ def forward(
             jnp.pad(q_seg, [(0, 0), (0, t_pad - T)], mode="edge"),
             jnp.pad(kv_seg, [(0, 0), (0, s_pad - S)], mode="edge"),
         )
+    if walks_own_keys(config, spec):  # beside each pair's range, its tiles': [B, pairs, 12]
+        # (the query ids padded to t_pad: a pair's second tile may start past T)
+        tile_segs = None if segments is None else (seg_inputs[0], segments[1])
+        own = kv_tile_ranges(spec, q_len, kv_len, tile_segs, t_pad, rows, config.block_kv)
+        ranges = jnp.concatenate([ranges, own.reshape(B, t_pad // range_rows, 8)], axis=-1)
 
     transforms = swizzled(q.dtype.itemsize)
     stages = config.num_stages
