@@ -227,19 +227,19 @@ def forward(
         if config.o_buffer(hp, q.dtype.itemsize)
         else None,
     )
-    num_items = N * num_q_tiles * B
+    # An item is a query tile, or with kv_multicast a cluster's pair of them (its keys a
+    # range row's): `units` per (batch, head).
+    units = t_pad // range_rows
+    num_items = N * units * B
     if config.persistent:  # one CTA per SM at most (the kernel fills an SM's registers)
         ctas = _PERSISTENT_CTAS if interpret is not False else sm_count()
-        if config.kv_multicast:  # the grid counts clusters of two, each item two tiles
-            # (interpret mode: _PERSISTENT_CTAS clusters, several items each as above)
-            num_items, ctas = num_items // 2, ctas if interpret is not False else ctas // 2
+        if config.kv_multicast and interpret is False:  # the grid counts clusters of two
+            ctas //= 2  # (interpret mode: _PERSISTENT_CTAS clusters, several items each)
         num_ctas = min(num_items, ctas)
         grid, grid_names = (num_ctas,), ("cta",)
     else:
-        num_ctas = num_items
-        grid, grid_names = (N, num_q_tiles, B), ("heads", "q_tiles", "batch")
-        if config.kv_multicast:  # the q_tiles axis counts clusters of two CTAs
-            grid = (N, num_q_tiles // 2, B)
+        num_ctas = num_items  # (kv_multicast: the q_tiles axis counts clusters of two)
+        grid, grid_names = (N, units, B), ("heads", "q_tiles", "batch")
     # split_tail: the last round's items in pieces over every CTA (split_tail.py); each
     # piece's O and logsumexp go out apart, [CTA, piece, rows(, H)], merged below.
     tail = None
@@ -247,8 +247,7 @@ def forward(
         tail = split_tail.plan(num_items, num_ctas, s_pad // config.block_kv)
     # head_rounds: which item each CTA walks when, from a table (causal; without the mask
     # the persistent order is head order already).
-    # (kv_multicast: an item is a cluster's pair of tiles, its keys a range row's)
-    order_inputs, units = (), t_pad // range_rows
+    order_inputs = ()
     if config.head_rounds and spec.causal:  # persistent (MosaicConfig checks it)
         if config.greedy_items:  # a list schedule: per-CTA counts, then the items
             costs = nominal_key_tiles(spec, T, S, units, range_rows, config.block_kv)
@@ -319,10 +318,8 @@ def forward(
         *order_inputs,
     )
     if tail is not None and not fixup:
+        coords = split_tail.item_coords(tail.items, N, B, units, spec.causal)
         if config.kv_multicast:  # the items are pairs of tiles, the pieces a tile's
-            coords = split_tail.item_coords(tail.items, N, B, num_q_tiles // 2, spec.causal)
             tail, coords = split_tail.per_tile(tail, coords)
-        else:
-            coords = split_tail.item_coords(tail.items, N, B, num_q_tiles, spec.causal)
         o, lse = split_tail.combine(o, lse, *pieces, tail, coords, rows)
     return o[:, :T, :, :H], lse[:, :, :T]

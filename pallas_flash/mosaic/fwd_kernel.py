@@ -116,7 +116,8 @@ def fwd_kernel(
     wg = lax.axis_index("wg")
     # kv_multicast: an item is a pair of adjacent query tiles, walked by a cluster of two
     # (a tile each), and a persistent grid's `num_ctas` counts clusters.
-    num_items = heads * num_q_tiles * batch // (2 if config.kv_multicast else 1)
+    units = num_q_tiles // 2 if config.kv_multicast else num_q_tiles  # an item's: tiles or pairs
+    num_items = heads * units * batch
     # tail_fixup: per split item (own(): per tile of one, with kv_multicast) and consumer,
     # the count of its later pieces stored (a global semaphore, zeroed before each call);
     # the item's first piece awaits them.
@@ -141,9 +142,9 @@ def fwd_kernel(
         return pieces_ref[lax.axis_index("cta"), piece_of(i), PIECE_COLS.index(name)]
 
     def own(index):
-        """A split_tail row of this CTA's tile: with kv_multicast the pieces' outputs and
-        semaphores have a row per tile of each cluster's (or split item's) two, the
-        cluster's first CTA's then its second's; else `index` itself."""
+        """This CTA's row of a pair's two (kv_multicast: the cluster's first CTA's, then its
+        second's): its query tile of pair `index`, or its row of a split_tail piece's
+        outputs and semaphores, kept per tile; else `index` itself."""
         if not config.kv_multicast:
             return index
         return index * 2 + lax.axis_index("cluster")
@@ -186,13 +187,12 @@ def fwd_kernel(
         bottom do the most work: they come first, so that the last ones are short. With
         kv_multicast an item is a pair of adjacent tiles, a cluster's, one tile a CTA:
         the orders below hand out pairs."""
-        units = num_q_tiles // 2 if config.kv_multicast else num_q_tiles  # tiles or pairs
         if not config.persistent:  # one item per CTA (or cluster): its grid position
             b, h, t = (lax.axis_index(name) for name in ("batch", "heads", "q_tiles"))
         elif order_ref is not None:  # head_rounds: head order, from the table
             w = order_ref[order_row(i), 0] if order_rows else order_ref[order_row(i)]
             b, h, u = head_rounds_coords(w, heads, units, divmod=lax_divmod)
-            return b, h, own_tile(u)
+            return b, h, own(u)
         else:
             w = item_index(i)
             if spec.causal:  # tile-major: every (batch, head)'s bottom tile first
@@ -201,10 +201,7 @@ def fwd_kernel(
             else:  # one (batch, head)'s tiles together: they share K and V in L2
                 rest, t = lax.div(w, units), lax.rem(w, units)
                 b, h = lax.div(rest, heads), lax.rem(rest, heads)
-        return b, h, own_tile((units - 1 - t) if spec.causal else t)
-
-    def own_tile(u):  # kv_multicast: this CTA's tile of pair u; else tile u
-        return u * 2 + lax.axis_index("cluster") if config.kv_multicast else u
+        return b, h, own((units - 1 - t) if spec.causal else t)
 
     def range_row(tile):
         """The row of `ranges_ref` with the key tiles of query tile `tile`: with
