@@ -573,27 +573,28 @@ def test_gpu_multicast_own_keys_changes_no_bit(case, persistent):
     _changed_no_bit_or_merged(case, config, multicast)
 
 
-def _split_lse_tol(config) -> float:
-    """How far a split grid's logsumexp may be from the unsplit one's: float32 merging
-    (1e-5), or with the row sums on the tensor cores (row_sum_wgmma) 1e-3: their P is
-    rounded to bfloat16 against each piece's own running max, so a cut within a row's
-    keys moves the sum by about 2^-9 / sqrt(keys) (4e-4 at most at head dim 64 with a
-    300-key window in pairs of tiles, on an H100 in the 69th session)."""
-    return 1e-3 if config.row_sum_wgmma else 1e-5
+def _assert_within_merging(got, want, config):
+    """A split grid's (O, logsumexp) `got` against another grid's `want`: O to 1e-2, the
+    logsumexp to float32 merging (1e-5), or with the row sums on the tensor cores
+    (`config.row_sum_wgmma`) 1e-3: their P is rounded to bfloat16 against each piece's
+    own running max, so a cut within a row's keys moves the sum by about 2^-9 /
+    sqrt(keys) (4e-4 at most at head dim 64 with a 300-key window in pairs of tiles, on
+    an H100 in the 69th session)."""
+    (o, lse), (o0, lse0) = got, want
+    tol = 1e-3 if config.row_sum_wgmma else 1e-5
+    np.testing.assert_allclose(lse, lse0, rtol=tol, atol=tol)
+    np.testing.assert_allclose(np.asarray(o, np.float32), np.asarray(o0, np.float32), atol=1e-2)
 
 
 def _changed_no_bit_or_merged(case: Case, config, multicast):
     """`multicast` passes the reference and gives `config`'s bits, or where the last round
     splits (split_tail, whose pieces differ between the grids) its result within float32
-    merging (the logsumexp as _split_lse_tol says, O to 1e-2)."""
+    merging (_assert_within_merging)."""
     if not config.split_tail:
         _changed_no_bit(case, config, multicast, interpret=False, seed=seed_of(case))
         return
-    o, lse = _compare(case, multicast, interpret=False, seed=seed_of(case))
-    o0, lse0 = _mosaic(case, config, False, seed_of(case))
-    tol = _split_lse_tol(config)
-    np.testing.assert_allclose(lse, lse0, rtol=tol, atol=tol)
-    np.testing.assert_allclose(np.asarray(o, np.float32), np.asarray(o0, np.float32), atol=1e-2)
+    got = _compare(case, multicast, interpret=False, seed=seed_of(case))
+    _assert_within_merging(got, _mosaic(case, config, False, seed_of(case)), config)
 
 
 @pytest.mark.gpu
@@ -760,20 +761,15 @@ def test_gpu_split_tail_matches_reference(case, fixup, clusters):
     """split_tail compiled on the call's row made persistent (`clusters`: a persistent
     grid of clusters of two, kv_multicast, pairs of tiles in pieces), its pieces merged
     after the kernel or in it (tail_fixup): the reference's tolerance, the unsplit grid's
-    result within float32 merging (_split_lse_tol), the same bits twice."""
+    result within float32 merging (_assert_within_merging), the same bits twice."""
     row = default_mosaic_config(case.head_dim, case.seq_kv, _spec(case).causal)
     per_cta = dict(WITHOUT_PERSISTENT, early_q_load=row.early_q_load) if clusters else {}
     whole = dataclasses.replace(row, persistent=True, kv_multicast=clusters, **per_cta)
     split = dataclasses.replace(whole, split_tail=True, tail_fixup=fixup)
     _compare(case, split, interpret=False, seed=seed_of(case))
-    o, lse = _mosaic(case, split, False, seed_of(case))
-    o_whole, lse_whole = _mosaic(case, whole, False, seed_of(case))
-    tol = _split_lse_tol(split)
-    np.testing.assert_allclose(lse, lse_whole, rtol=tol, atol=tol)
-    np.testing.assert_allclose(
-        np.asarray(o, np.float32), np.asarray(o_whole, np.float32), atol=1e-2
-    )
-    chex.assert_trees_all_equal((o, lse), _mosaic(case, split, False, seed_of(case)))
+    got = _mosaic(case, split, False, seed_of(case))
+    _assert_within_merging(got, _mosaic(case, whole, False, seed_of(case)), split)
+    chex.assert_trees_all_equal(got, _mosaic(case, split, False, seed_of(case)))
 
 
 @pytest.mark.gpu
