@@ -299,7 +299,9 @@ class MosaicConfig:
       head_rounds' and greedy_items' orders of pairs), a CTA each; split_tail splits the
       last round's pairs over the clusters. GPU interpret mode runs the clusters: the same
       bits as without, the reference, no data race (tests/test_mosaic.py, and
-      tests/test_mosaic_options.py on the persistent grid, split or not, in head order).
+      tests/test_mosaic_options.py on the persistent grid, split or not, in head order);
+      compiled on the persistent grid on an H100 (results/mosaic-ffa6c1d/), the default
+      rows' bits (or, split, within merging) on all 30 cases of the table.
       Compiled at f309273 (bf16, B x T = 16k, beside the default row and cuDNN;
       results/mosaic-f309273/fa-mosaic-*-mc.jsonl), forward TFLOP/s with against without: 8k
       non-causal 487.7 / 472.6 (1.03x), 598.6 / 593.9 (1.01x) and 615.5 / 615.0 (1.00x) at
@@ -322,7 +324,9 @@ class MosaicConfig:
       and n + 1 tiles' work: 5 % at 2k keys, 0.8 % at 16k). The same bits (GPU interpret
       mode, tests/test_mosaic_options.py). 69th session; ptxas for sm_90a: no spills at
       head dim 128, causal, 2k-16k; 48 / 60 bytes at head dim 64 causal 4k (head order,
-      256-key tiles), none without it. Not yet compiled on a GPU.
+      256-key tiles), none without it. Compiled on an H100 (results/mosaic-ffa6c1d/
+      mosaic-tests-clusters.log, mosaic-fe15cef/mosaic-tests-refix.log): the same bits and
+      the reference on all 18 masked cases of the table, in both grids. Not yet timed.
     named_turns: the ping-pong hands each turn over one way (one arrive after a
       consumer's Q K^T is issued, one sync before its P V), on the SM's hardware named
       barriers (`bar.arrive` / `bar.sync`, pipeline.PingPong) rather than a shared-memory
