@@ -303,6 +303,13 @@ def next_calls(tmp_path):
 _CALL_VARIANTS = {"6": 1, "12": 2, "13": 2}
 
 
+def _kept(proc) -> list[str]:
+    """The files next_calls.sh's `keep` would have kept (the stand-in writes no rows, so
+    each is said as missing on stderr), in order."""
+    said = proc.stderr.splitlines()
+    return [line.split("no rows for ")[1] for line in said if "no rows for " in line]
+
+
 @pytest.mark.parametrize("call", sorted(_CALL_VARIANTS))
 def test_next_calls_run_implementations_that_build(next_calls, call):
     """Each waiting device call (docs/mosaic.md, "Next device calls") runs its steps, and
@@ -357,17 +364,13 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
         assert _option(bench, "--passes") == "fwd"
         assert _option(bench, "--seqs") == "2048,4096,8192,16384"
         assert "jax.nn:cudnn" in bench and "tokamax:mosaic" in bench
-        kept = [
-            line.split("no rows for ")[1] for line in proc.stderr.splitlines() if "no rows" in line
-        ]
+        kept = _kept(proc)
         assert kept == ["fa-mosaic-128-true-greedy"]
     if call == "13":  # the causal rows' clusters: head dim 128 at 2k-8k and 16k, 64 at 4k
         assert [_option(b, "--head-dims") for b in benches] == ["128", "128", "64"]
         assert [_option(b, "--seqs") for b in benches] == ["2048,4096,8192", "16384", "4096"]
         assert {_option(b, "--causal") for b in benches} == {"true"}
-        kept = [
-            line.split("no rows for ")[1] for line in proc.stderr.splitlines() if "no rows" in line
-        ]
+        kept = _kept(proc)
         assert kept == [
             "fa-mosaic-128-true-persistent-multicast",
             "fa-mosaic-128-true-own-keys",
@@ -377,9 +380,7 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
         assert [_option(b, "--head-dims") for b in benches] == ["128", "64"]
         assert {_option(b, "--causal") for b in benches} == {"false"}
         assert all("tokamax:mosaic" in b for b in benches)
-        kept = [
-            line.split("no rows for ")[1] for line in proc.stderr.splitlines() if "no rows" in line
-        ]
+        kept = _kept(proc)
         assert kept == [f"fa-mosaic-{h}-false-persistent-multicast" for h in (128, 64)]
 
 
