@@ -43,23 +43,19 @@ case $call in
     FA_PASSES=fwd FA_SEQS=2048,4096,8192 MOSAIC_FA_BUDGET=140 \
       MOSAIC_FA_IMPLS=$M,$MC,$MCS,tokamax:mosaic timeout 180 bash $G "$C" mosaic-fa:64:false
     keep fa-mosaic-64-false-persistent-multicast ;;
-  13) # the causal forward's clusters on the persistent grid (69th session): head dim 128
-    # at 2k-8k, where the default is persistent in head order (2k) or the list schedule
-    # (4k / 8k), with the clusters walking both tiles' keys and each its own
-    # (multicast_own_keys), beside the default and tokamax; at 16k, where the default
-    # runs clusters of two already (one per pair of tiles), the own keys beside it; then
-    # head dim 64 causal 4k (head order; the own keys spill 48 bytes there, ptxas).
-    MC=$M/kv_multicast=true
-    MCO=$M/kv_multicast=true/multicast_own_keys=true
-    # (cuDNN beside them: the H200's four head-dim-128 causal cells, as call 6 renews)
-    FA_PASSES=fwd FA_SEQS=2048,4096,8192 MOSAIC_FA_BUDGET=200 \
-      MOSAIC_FA_IMPLS=$M,$MC,$MCO,tokamax:mosaic,jax.nn:cudnn timeout 240 bash $G "$C" mosaic-fa:128:true
-    keep fa-mosaic-128-true-persistent-multicast
-    FA_PASSES=fwd FA_SEQS=16384 MOSAIC_FA_BUDGET=90 \
-      MOSAIC_FA_IMPLS=$M,$MCO,tokamax:mosaic,jax.nn:cudnn timeout 120 bash $G "$C" mosaic-fa:128:true
-    keep fa-mosaic-128-true-own-keys
-    FA_PASSES=fwd FA_SEQS=4096 MOSAIC_FA_BUDGET=60 \
-      MOSAIC_FA_IMPLS=$M,$MC,$MCO,tokamax:mosaic timeout 90 bash $G "$C" mosaic-fa:64:true
-    keep fa-mosaic-64-true-persistent-multicast ;;
-  *) echo "next_calls: no call $call (6, 12, 13; 4 and 7 ran at e6ab66d, 2 and 5 at c0674ef, 10 at 5d326d1, 1, 3, 8 and 9 at 899d096, 11 at 512a5d0)" >&2; exit 2 ;;
+  14) # (H) the causal forward's cells on the H200, with the two clusters that led on an
+    # H100 at 38e59cb beside them: head dim 128 at 2k-16k, the default beside each tile
+    # walking its own keys in persistent clusters (multicast_own_keys: 1.037x / 1.042x /
+    # 0.998x the default at 2k in three processes there, 0.994x / 1.000x at 4k / 8k,
+    # 0.964x at 16k) and the three peers (renews the four head-dim-128 causal cells,
+    # 16k under the clusters of two for the first time); then head dim 64 at 4k, the
+    # default beside the persistent clusters walking both tiles' keys (1.033x / 1.013x).
+    P=jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3
+    FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_BUDGET=210 \
+      MOSAIC_FA_IMPLS=$M,$M/kv_multicast=true/multicast_own_keys=true,$P timeout 250 bash $G "$C" mosaic-fa:128:true
+    keep fa-mosaic-128-true-fwd-2k-16k
+    FA_PASSES=fwd FA_SEQS=4096 MOSAIC_FA_BUDGET=70 \
+      MOSAIC_FA_IMPLS=$M,$M/kv_multicast=true,$P timeout 100 bash $G "$C" mosaic-fa:64:true
+    keep fa-mosaic-64-true-4k ;;
+  *) echo "next_calls: no call $call (6, 12, 14; 4 and 7 ran at e6ab66d, 2 and 5 at c0674ef, 10 at 5d326d1, 1, 3, 8 and 9 at 899d096, 11 at 512a5d0, 13 at 38e59cb)" >&2; exit 2 ;;
 esac

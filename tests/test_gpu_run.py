@@ -300,7 +300,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"6": 1, "12": 2, "13": 2}
+_CALL_VARIANTS = {"6": 1, "12": 2, "14": 2}
 
 
 def _kept(proc) -> list[str]:
@@ -366,16 +366,14 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
         assert "jax.nn:cudnn" in bench and "tokamax:mosaic" in bench
         kept = _kept(proc)
         assert kept == ["fa-mosaic-128-true-greedy"]
-    if call == "13":  # the causal rows' clusters: head dim 128 at 2k-8k and 16k, 64 at 4k
-        assert [_option(b, "--head-dims") for b in benches] == ["128", "128", "64"]
-        assert [_option(b, "--seqs") for b in benches] == ["2048,4096,8192", "16384", "4096"]
+    if call == "14":  # the causal cells on the H200: head dim 128 at 2k-16k, 64 at 4k
+        assert [_option(b, "--head-dims") for b in benches] == ["128", "64"]
+        assert [_option(b, "--seqs") for b in benches] == ["2048,4096,8192,16384", "4096"]
         assert {_option(b, "--causal") for b in benches} == {"true"}
+        peers = ("jax.nn:cudnn", "tokamax:mosaic", "jax:mosaic_fa3")
+        assert all(peer in b for b in benches for peer in peers)
         kept = _kept(proc)
-        assert kept == [
-            "fa-mosaic-128-true-persistent-multicast",
-            "fa-mosaic-128-true-own-keys",
-            "fa-mosaic-64-true-persistent-multicast",
-        ]
+        assert kept == ["fa-mosaic-128-true-fwd-2k-16k", "fa-mosaic-64-true-4k"]
     if call == "12":  # the persistent grid of clusters at the non-causal persistent rows
         assert [_option(b, "--head-dims") for b in benches] == ["128", "64"]
         assert {_option(b, "--causal") for b in benches} == {"false"}
@@ -385,7 +383,8 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):
-    # 4, 7 ran at e6ab66d, 2, 5 at c0674ef, 10 at 5d326d1, 1, 3, 8, 9 at 899d096, 11 at 512a5d0
-    for call in ("1", "2", "3", "4", "5", "7", "8", "9", "10", "11"):
+    # 4, 7 ran at e6ab66d, 2, 5 at c0674ef, 10 at 5d326d1, 1, 3, 8, 9 at 899d096, 11 at
+    # 512a5d0, 13 at 38e59cb
+    for call in ("1", "2", "3", "4", "5", "7", "8", "9", "10", "11", "13"):
         proc, calls, _ = next_calls(call)
         assert proc.returncode == 2 and f"no call {call}" in proc.stderr and not calls
