@@ -314,7 +314,10 @@ class MosaicConfig:
       results/mosaic-f309273/mosaic-tests.log). On since the 68th session in the
       head-dim-128 causal row above 8192 keys only, after all 30 passed and it led there in
       two more processes (KV_MULTICAST_CAUSAL_128); off elsewhere, where it lost what the
-      persistent grid gives (0.95-0.99x) or led in one process only.
+      persistent grid gives (0.95-0.99x) or led in one process only. On the persistent
+      grid (an H100 at 38e59cb, results/mosaic-38e59cb/): 0.969-0.996x the default at
+      head dim 128 causal 2k-8k; 1.033x / 1.013x at 64 causal 4k (head order), which
+      call 14 (benchmarks/next_calls.sh) times on the H200.
     multicast_own_keys: with kv_multicast, each CTA computes only its own tile's key
       tiles among its pair's, where a mask bounds the keys by row or document (causal, a
       window, segment ids; fwd_kernel.walks_own_keys), and passes the others' slots on
@@ -325,8 +328,12 @@ class MosaicConfig:
       mode, tests/test_mosaic_options.py). 69th session; ptxas for sm_90a: no spills at
       head dim 128, causal, 2k-16k; 48 / 60 bytes at head dim 64 causal 4k (head order,
       256-key tiles), none without it. Compiled on an H100 (results/mosaic-ffa6c1d/
-      mosaic-tests-clusters.log, mosaic-fe15cef/mosaic-tests-refix.log): the same bits and
-      the reference on all 18 masked cases of the table, in both grids. Not yet timed.
+      mosaic-tests-clusters.log, mosaic-fe15cef/mosaic-tests-refix.log, and all again at
+      38e59cb): the same bits and the reference on all 18 masked cases of the table, in
+      both grids. Timed on that H100 (results/mosaic-38e59cb/): at head dim 128 causal
+      1.037x / 1.042x / 0.998x the default at 2k in three processes, 0.994x / 1.000x at
+      4k / 8k, 0.964x at 16k, 0.977x at 1k; at 64 causal 4k 0.978x / 0.995x. Off; call
+      14 (benchmarks/next_calls.sh) times it on the H200 at head dim 128 causal.
     named_turns: the ping-pong hands each turn over one way (one arrive after a
       consumer's Q K^T is issued, one sync before its P V), on the SM's hardware named
       barriers (`bar.arrive` / `bar.sync`, pipeline.PingPong) rather than a shared-memory
