@@ -29,20 +29,20 @@ case $call in
     FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_BUDGET=220 \
       MOSAIC_FA_IMPLS=$M,$PER_ITEM,jax.nn:cudnn,tokamax:mosaic timeout 270 bash $G "$C" mosaic-fa:128:true
     keep fa-mosaic-128-true-greedy ;;
-  12) # the persistent grid of clusters (kv_multicast on the persistent grid, 69th
-    # session) at the non-causal forward's persistent rows, with their last round split
-    # (in pairs of tiles over the clusters) and without, beside the default and tokamax:
-    # head dim 128 at 2k-16k, then 64 at 2k-8k (the clusters alone, one CTA per item,
-    # lost 3-4 % to the persistent rows there at 512a5d0; half the L2 reads, for a board
-    # at its power limit). At head dim 128 2k the default splits nothing: one variant.
-    MC=$M/kv_multicast=true/split_tail=false/tail_fixup=false
-    MCS=$M/kv_multicast=true
-    FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_BUDGET=200 \
-      MOSAIC_FA_IMPLS=$M,$MC,$MCS,tokamax:mosaic timeout 240 bash $G "$C" mosaic-fa:128:false
-    keep fa-mosaic-128-false-persistent-multicast
-    FA_PASSES=fwd FA_SEQS=2048,4096,8192 MOSAIC_FA_BUDGET=140 \
-      MOSAIC_FA_IMPLS=$M,$MC,$MCS,tokamax:mosaic timeout 180 bash $G "$C" mosaic-fa:64:false
-    keep fa-mosaic-64-false-persistent-multicast ;;
+  12) # (H) the persistent grid of clusters (kv_multicast on the persistent grid, 69th
+    # session) at the non-causal forward's persistent rows, their last round split (in
+    # pairs of tiles over the clusters) as the default's is, beside the default and the
+    # three peers, so that it renews the cells: head dim 128 at 2k-16k, then 64 at 2k-8k
+    # (on an H100 at fe15cef 1.051x / 1.032x the default at 128 8k, 0.955x / 1.044x at
+    # 16k, 0.994x at 4k; unsplit 0.971-1.032x, so not timed; half the L2 reads, for a
+    # board at its power limit).
+    P=jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3
+    FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_BUDGET=170 \
+      MOSAIC_FA_IMPLS=$M,$M/kv_multicast=true,$P timeout 210 bash $G "$C" mosaic-fa:128:false
+    keep fa-mosaic-128-false-fwd-2k-16k
+    FA_PASSES=fwd FA_SEQS=2048,4096,8192 MOSAIC_FA_BUDGET=120 \
+      MOSAIC_FA_IMPLS=$M,$M/kv_multicast=true,$P timeout 160 bash $G "$C" mosaic-fa:64:false
+    keep fa-mosaic-64-false-fwd-2k-8k ;;
   14) # (H) the causal forward's cells on the H200, with the two clusters that led on an
     # H100 at 38e59cb beside them: head dim 128 at 2k-16k, the default beside each tile
     # walking its own keys in persistent clusters (multicast_own_keys: 1.037x / 1.042x /

@@ -300,7 +300,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"6": 1, "12": 2, "14": 2}
+_CALL_VARIANTS = {"6": 1, "12": 1, "14": 2}
 
 
 def _kept(proc) -> list[str]:
@@ -377,9 +377,10 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
     if call == "12":  # the persistent grid of clusters at the non-causal persistent rows
         assert [_option(b, "--head-dims") for b in benches] == ["128", "64"]
         assert {_option(b, "--causal") for b in benches} == {"false"}
-        assert all("tokamax:mosaic" in b for b in benches)
+        peers = ("jax.nn:cudnn", "tokamax:mosaic", "jax:mosaic_fa3")
+        assert all(peer in b for b in benches for peer in peers)
         kept = _kept(proc)
-        assert kept == [f"fa-mosaic-{h}-false-persistent-multicast" for h in (128, 64)]
+        assert kept == ["fa-mosaic-128-false-fwd-2k-16k", "fa-mosaic-64-false-fwd-2k-8k"]
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):
