@@ -57,5 +57,19 @@ case $call in
     FA_PASSES=fwd FA_SEQS=4096 MOSAIC_FA_BUDGET=70 \
       MOSAIC_FA_IMPLS=$M,$M/kv_multicast=true,$P timeout 100 bash $G "$C" mosaic-fa:64:true
     keep fa-mosaic-64-true-4k ;;
-  *) echo "next_calls: no call $call (6, 12, 14; 4 and 7 ran at e6ab66d, 2 and 5 at c0674ef, 10 at 5d326d1, 1, 3, 8 and 9 at 899d096, 11 at 512a5d0, 13 at 38e59cb)" >&2; exit 2 ;;
+  15) # the head-dim-128 non-causal backward at 8k / 16k (0.984x / 0.985x cuDNN on the
+    # H200, runs z / aa) with each key span walking its query tiles rotated by its index
+    # (rotated_adds), so that the spans of a head reach a tile one step apart and add to
+    # it in turn, where the plain order has all of them on one Q / dO / dQ tile at once;
+    # timed only in af0f5db's build (0.96x then), never in today's (FA3's order, the whole
+    # share, two writer warps), where ptxas spills 52 bytes to the default's 132. Two
+    # processes, the second with the rotation first. Either card: a ratio of builds.
+    R=$M/rotated_adds=true
+    FA_PASSES=bwd FA_SEQS=8192,16384 MOSAIC_FA_BUDGET=75 \
+      MOSAIC_FA_IMPLS=$M,$R,jax.nn:cudnn timeout 100 bash $G "$C" mosaic-fa:128:false
+    keep fa-mosaic-128-false-bwd-rotated
+    FA_PASSES=bwd FA_SEQS=8192,16384 MOSAIC_FA_BUDGET=75 \
+      MOSAIC_FA_IMPLS=$R,$M,jax.nn:cudnn timeout 100 bash $G "$C" mosaic-fa:128:false
+    keep fa-mosaic-128-false-bwd-rotated-2 ;;
+  *) echo "next_calls: no call $call (6, 12, 14, 15; 4 and 7 ran at e6ab66d, 2 and 5 at c0674ef, 10 at 5d326d1, 1, 3, 8 and 9 at 899d096, 11 at 512a5d0, 13 at 38e59cb)" >&2; exit 2 ;;
 esac

@@ -300,7 +300,7 @@ def next_calls(tmp_path):
 
 # The config variants each call times (names after pallas_flash:mosaic/), so that the
 # check below cannot pass by parsing none.
-_CALL_VARIANTS = {"6": 1, "12": 1, "14": 2}
+_CALL_VARIANTS = {"6": 1, "12": 1, "14": 2, "15": 1}
 
 
 def _kept(proc) -> list[str]:
@@ -374,6 +374,15 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
         assert all(peer in b for b in benches for peer in peers)
         kept = _kept(proc)
         assert kept == ["fa-mosaic-128-true-fwd-2k-16k", "fa-mosaic-64-true-4k"]
+    if call == "15":  # the non-causal backward's rotated walks, two processes
+        assert [_option(b, "--passes") for b in benches] == ["bwd", "bwd"]
+        assert {_option(b, "--head-dims") for b in benches} == {"128"}
+        assert {_option(b, "--causal") for b in benches} == {"false"}
+        assert all("jax.nn:cudnn" in b for b in benches)
+        assert _kept(proc) == [
+            "fa-mosaic-128-false-bwd-rotated",
+            "fa-mosaic-128-false-bwd-rotated-2",
+        ]
     if call == "12":  # the persistent grid of clusters at the non-causal persistent rows
         assert [_option(b, "--head-dims") for b in benches] == ["128", "64"]
         assert {_option(b, "--causal") for b in benches} == {"false"}

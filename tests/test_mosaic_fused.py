@@ -127,6 +127,15 @@ FUSED_VARIANTS = {
     "share-halves-writer-warp": {"share_halves": True, "writer_warp": True},
     "chained-share": {"chained_share": True},
     "rotated-adds": {"rotated_adds": True},
+    # The same walks in the non-causal head-dim-128 default's build (FA3's order, step
+    # descriptors, two writer warps): what call 15 of benchmarks/next_calls.sh times.
+    "rotated-adds-default-build": {
+        "rotated_adds": True,
+        "fa3_order": True,
+        "step_descriptors": True,
+        "writer_warp": True,
+        "split_writer": True,
+    },
     # The spans launched from the last down, so interpreted (CTAs in grid order) the
     # adds run in the turns' decreasing span order, bit for bit as compiled.
     "high-spans-first": {"rotated_adds": True, "high_spans_first": True},
