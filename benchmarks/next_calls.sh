@@ -62,8 +62,8 @@ case $call in
     # (rotated_adds), so that the spans of a head reach a tile one step apart and add to
     # it in turn, where the plain order has all of them on one Q / dO / dQ tile at once;
     # timed only in af0f5db's build (0.96x then), never in today's (FA3's order, the whole
-    # share, two writer warps), where ptxas spills 52 bytes to the default's 132. Two
-    # processes, the second with the rotation first. Either card: a ratio of builds.
+    # share, two writer warps). Two processes, the second with the rotation first.
+    # Either card: a ratio of builds.
     R=$M/rotated_adds=true
     FA_PASSES=bwd FA_SEQS=8192,16384 MOSAIC_FA_BUDGET=75 \
       MOSAIC_FA_IMPLS=$M,$R,jax.nn:cudnn timeout 100 bash $G "$C" mosaic-fa:128:false
