@@ -25,6 +25,7 @@ import functools
 import importlib.util
 import os
 import pathlib
+import types
 
 # The environment of a process that compiles for the H200 here: CPU as JAX's backend
 # (the plugin then neither looks for a GPU nor checks the CUDA libraries' versions, and
@@ -75,16 +76,60 @@ def on_h200(tree):
 @contextlib.contextmanager
 def as_on_h200():
     """The API's dispatch as on the H200: `implementation="mosaic"` (and None) take the
-    compiled Mosaic kernels rather than GPU interpret mode. Only for tracing."""
+    compiled Mosaic kernels rather than GPU interpret mode; and, where tokamax is
+    importable, tokamax's `implementation="mosaic"` takes its sm_90 Mosaic GPU kernels
+    (`_tokamax_as_on_h200`). Only for tracing."""
     from pallas_flash import api
     from pallas_flash.mosaic import support
 
     saved = api._platform, support.device_unsupported
     api._platform, support.device_unsupported = (lambda: "gpu"), (lambda: None)
     try:
-        yield
+        with _tokamax_as_on_h200():
+            yield
     finally:
         api._platform, support.device_unsupported = saved
+
+
+# What tokamax asks of JAX's default device when it picks and launches its Mosaic GPU
+# attention: the device kind (its "mosaic" is the GPU kernel on an NVIDIA device) and
+# the SM count (its persistent grid has one CTA per SM): the H200's, h200_target.txtpb.
+_TOKAMAX_H200 = types.SimpleNamespace(device_kind="NVIDIA H200", core_count=132)
+
+
+@contextlib.contextmanager
+def _tokamax_as_on_h200():
+    """tokamax 0.0.17 (the peer the benchmarks time, ../shared/peer-wheels) traced as on
+    the H200 while JAX's default device is the CPU: its API's and its persistent
+    kernel's default device read as an H200, its compute-capability checks as sm_90,
+    and its own option for compiling on another machine (`cross_compile`) on. So
+    `python -m benchmarks.ptxas --deviceless --impls tokamax:mosaic` shows what ptxas
+    makes of the peer's kernels beside ours (docs/mosaic.md, "The peer's steps, read
+    here"). Nothing changes where tokamax is not importable."""
+    try:
+        from tokamax._src import config, gpu_utils, mosaic_gpu
+        from tokamax._src.ops.attention import api as attention_api
+    except ImportError:
+        yield
+        return
+    backend = types.SimpleNamespace(get_default_device=lambda: _TOKAMAX_H200)
+    patches = [
+        (gpu_utils, "is_sm80", lambda *_, **__: False),
+        (gpu_utils, "is_sm90", lambda *_, **__: True),
+        (gpu_utils, "is_sm100", lambda *_, **__: False),
+        (gpu_utils, "has_mosaic_gpu_support", lambda *_, **__: True),
+        (mosaic_gpu, "backend", backend),
+        (attention_api, "backend", backend),
+    ]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
+    for module, name, value in patches:
+        setattr(module, name, value)
+    try:
+        with config.cross_compile(True):
+            yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
 
 
 def compile_on_h200(fn, *args):
