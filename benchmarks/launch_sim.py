@@ -89,22 +89,30 @@ def _cta_walks(config, n: int, b: int, tiles: int, ctas: int, causal: bool, cost
     return walks
 
 
+def forward_sms(config) -> int:
+    """The units the forward's grid fills: SMs, or with kv_multicast SM pairs (a cluster of
+    two CTAs takes two SMs for as long as its pair of query tiles walks their keys)."""
+    return H100_SMS // 2 if config.kv_multicast else H100_SMS
+
+
 def forward_costs(config, t: int, b: int, n: int, causal: bool, cta_steps: float):
     """The forward's CTAs' costs in launch order, or, persistent, each CTA's summed items
     (`fwd_kernel.item_at`: causal items bottom query tiles first, tile-major when
     persistent, or with head_rounds in head order, each round's longest first, or with
     greedy_items each CTA's list (pipeline.greedy_items_order); else one
-    (batch, head)'s tiles together)."""
-    if config.kv_multicast:
-        raise ValueError("kv_multicast's clusters are not modelled")
-    rows = config.consumers * config.block_q
+    (batch, head)'s tiles together). With kv_multicast a unit is a cluster (fill it on
+    `forward_sms` units): its item is a pair of adjacent query tiles (forward.py's range
+    row), both CTAs walking the pair's key range, so it costs the key tiles of the pair's
+    rows (the lower tile's extra, masked ones included: multicast_own_keys skips their
+    math, not their loads or the time the upper tile takes)."""
+    rows = config.consumers * config.block_q * (2 if config.kv_multicast else 1)
     tiles = _ceil(t, rows)
     cost = lambda tile: causal_key_tiles(tile * rows, rows, config.block_kv, t, causal)  # noqa: E731
     if not config.persistent:  # grid (heads, q_tiles, batch), the bottom tiles first
         order = [tiles - 1 - q if causal else q for q in range(tiles)]
         return [cost(q) + cta_steps for _ in range(n) for q in order for _ in range(b)]
     items = n * tiles * b
-    ctas = min(items, H100_SMS)
+    ctas = min(items, forward_sms(config))
     key_tiles = _ceil(t, config.block_kv)
     tail = split_tail.plan(items, ctas, key_tiles) if config.split_tail else None
     rounds = None if tail is None else tail.rounds  # split_tail: the last round in pieces
@@ -345,8 +353,10 @@ def report(
         raise ValueError(f"tokens={tokens} is not a whole number of sequences of {seq}")
     b, n = tokens // seq, heads or 2048 // head_dim
     fwd = fwd_config.default_mosaic_config(head_dim, seq, causal)
-    units = "items on 132 CTAs" if fwd.persistent else "CTAs"
-    items = n * _ceil(seq, fwd.consumers * fwd.block_q) * b
+    pairs = 2 if fwd.kv_multicast else 1  # clusters of two, an item a pair of tiles
+    units = f"items on {forward_sms(fwd)} CTAs" if fwd.persistent else "CTAs"
+    units = units.replace("CTAs", "clusters") if fwd.kv_multicast else units
+    items = n * _ceil(seq, fwd.consumers * fwd.block_q * pairs) * b
     line = f"h{head_dim} n{n} {'causal' if causal else 'full  '} {seq:>5}: fwd {items} {units}"
     # A persistent row whole and split (whichever the default is: SPLIT_TAIL_64); a row
     # in head order (head_rounds, whose table the split's pieces do not follow) whole.
@@ -354,9 +364,9 @@ def report(
     splits = fwd.persistent and not fwd.head_rounds
     split = (dataclasses.replace(fwd, split_tail=True),) if splits else ()
     for config in (whole, *split):
-        costs = forward_costs(config, seq, b, n, causal, cta_steps)
-        work, end = fill(costs) if not config.persistent else (sum(costs), max(costs))
-        line += f"{' split' if config.split_tail else ''} fill {work / (H100_SMS * end):.3f}"
+        costs, sms = forward_costs(config, seq, b, n, causal, cta_steps), forward_sms(config)
+        work, end = fill(costs, sms) if not config.persistent else (sum(costs), max(costs))
+        line += f"{' split' if config.split_tail else ''} fill {work / (sms * end):.3f}"
     bwd = dataclasses.replace(
         bwd_config.default_mosaic_bwd_config(head_dim, causal),
         rotated_adds=False,

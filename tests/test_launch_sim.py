@@ -269,3 +269,33 @@ def test_greedy_items_fill_as_the_grid_of_one_cta_per_item():
         assert fills[greedy] == pytest.approx(grid_work / (132 * grid_end), abs=0.002)
         assert fills[greedy] >= 0.99 and fills[heads] == pytest.approx(0.970, abs=0.002)
         assert launch_sim.forward_kv_fetches(greedy, *shape, 128) == 1.0
+
+
+def test_clusters_fill_sm_pairs_with_pairs_of_tiles():
+    """kv_multicast in the model (the head-dim-128 causal row above 8192 keys): a cluster
+    of two CTAs is a unit on an SM pair, its item a pair of adjacent query tiles walking
+    the pair's key range, so beside one CTA per tile the pairs do that grid's work plus
+    the lower tile's masked key tiles (one 128-key tile a pair under a causal mask: 0.8 %
+    at 16k keys) and end about that much later; on the persistent grid (66 clusters, the
+    list schedule's pairs at 8k) likewise. The report names it, where it once raised."""
+    row = fwd_config.default_mosaic_config(128, 16384, True)
+    assert row.kv_multicast and not row.persistent and launch_sim.forward_sms(row) == 66
+    rows = row.consumers * row.block_q
+    for config, seq in ((row, 16384), (fwd_config.default_mosaic_config(128, 8192, True), 8192)):
+        shape = (seq, 16384 // seq, 16, True)
+        clusters = dataclasses.replace(config, kv_multicast=True)
+        single = dataclasses.replace(config, kv_multicast=False)
+        pair_costs = launch_sim.forward_costs(clusters, *shape, 0)
+        tile_costs = launch_sim.forward_costs(single, *shape, 0)
+        pairs = 16 * (16384 // seq) * (seq // (2 * rows))
+        assert 2 * sum(pair_costs) - sum(tile_costs) == pairs * rows // config.block_kv
+        if config.persistent:
+            assert len(pair_costs) == 66 and len(tile_costs) == 132
+            end, one_end = max(pair_costs), max(tile_costs)
+        else:
+            assert len(pair_costs) == pairs and len(tile_costs) == 2 * pairs
+            end = launch_sim.fill(pair_costs, 66)[1]
+            one_end = launch_sim.fill(tile_costs)[1]
+        assert one_end * 0.99 < end < one_end * 1.02, (seq, end, one_end)
+    line = launch_sim.report(128, 16384, True, [1], 2.0)
+    assert "1024 clusters fill" in line, line
