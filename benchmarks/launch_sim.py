@@ -89,6 +89,12 @@ def _cta_walks(config, n: int, b: int, tiles: int, ctas: int, causal: bool, cost
     return walks
 
 
+def forward_rows(config) -> int:
+    """The query rows of one forward item: a CTA's tile, or with kv_multicast a cluster's
+    pair of them (forward.py's range row)."""
+    return config.consumers * config.block_q * (2 if config.kv_multicast else 1)
+
+
 def forward_sms(config) -> int:
     """The units the forward's grid fills: SMs, or with kv_multicast SM pairs (a cluster of
     two CTAs takes two SMs for as long as its pair of query tiles walks their keys)."""
@@ -105,7 +111,7 @@ def forward_costs(config, t: int, b: int, n: int, causal: bool, cta_steps: float
     row), both CTAs walking the pair's key range, so it costs the key tiles of the pair's
     rows (the lower tile's extra, masked ones included: multicast_own_keys skips their
     math, not their loads or the time the upper tile takes)."""
-    rows = config.consumers * config.block_q * (2 if config.kv_multicast else 1)
+    rows = forward_rows(config)
     tiles = _ceil(t, rows)
     cost = lambda tile: causal_key_tiles(tile * rows, rows, config.block_kv, t, causal)  # noqa: E731
     if not config.persistent:  # grid (heads, q_tiles, batch), the bottom tiles first
@@ -353,10 +359,9 @@ def report(
         raise ValueError(f"tokens={tokens} is not a whole number of sequences of {seq}")
     b, n = tokens // seq, heads or 2048 // head_dim
     fwd = fwd_config.default_mosaic_config(head_dim, seq, causal)
-    pairs = 2 if fwd.kv_multicast else 1  # clusters of two, an item a pair of tiles
-    units = f"items on {forward_sms(fwd)} CTAs" if fwd.persistent else "CTAs"
-    units = units.replace("CTAs", "clusters") if fwd.kv_multicast else units
-    items = n * _ceil(seq, fwd.consumers * fwd.block_q * pairs) * b
+    unit = "clusters" if fwd.kv_multicast else "CTAs"  # clusters of two: pairs of tiles
+    units = f"items on {forward_sms(fwd)} {unit}" if fwd.persistent else unit
+    items = n * _ceil(seq, forward_rows(fwd)) * b
     line = f"h{head_dim} n{n} {'causal' if causal else 'full  '} {seq:>5}: fwd {items} {units}"
     # A persistent row whole and split (whichever the default is: SPLIT_TAIL_64); a row
     # in head order (head_rounds, whose table the split's pieces do not follow) whole.

@@ -10,6 +10,7 @@ set -u
 C=${1:?usage: next_calls.sh COMMIT CALL}; call=${2:?usage: next_calls.sh COMMIT CALL}
 M=pallas_flash:mosaic
 G=benchmarks/gpu_run.sh
+P=jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3  # the three peers, for a call that renews cells
 # keep NAME: the last mosaic-fa step's rows as $OUT/NAME.jsonl (a step that wrote none,
 # for a timeout before its first row, is said, and the call goes on).
 keep() {
@@ -36,7 +37,6 @@ case $call in
     # (on an H100 at fe15cef 1.051x / 1.032x the default at 128 8k, 0.955x / 1.044x at
     # 16k, 0.994x at 4k; unsplit 0.971-1.032x, so not timed; half the L2 reads, for a
     # board at its power limit).
-    P=jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3
     FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_BUDGET=170 \
       MOSAIC_FA_IMPLS=$M,$M/kv_multicast=true,$P timeout 210 bash $G "$C" mosaic-fa:128:false
     keep fa-mosaic-128-false-fwd-2k-16k
@@ -50,7 +50,6 @@ case $call in
     # 0.964x at 16k) and the three peers (renews the four head-dim-128 causal cells,
     # 16k under the clusters of two for the first time); then head dim 64 at 4k, the
     # default beside the persistent clusters walking both tiles' keys (1.033x / 1.013x).
-    P=jax.nn:cudnn,tokamax:mosaic,jax:mosaic_fa3
     FA_PASSES=fwd FA_SEQS=2048,4096,8192,16384 MOSAIC_FA_BUDGET=210 \
       MOSAIC_FA_IMPLS=$M,$M/kv_multicast=true/multicast_own_keys=true,$P timeout 250 bash $G "$C" mosaic-fa:128:true
     keep fa-mosaic-128-true-fwd-2k-16k

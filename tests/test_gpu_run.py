@@ -367,13 +367,8 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
         kept = _kept(proc)
         assert kept == ["fa-mosaic-128-true-greedy"]
     if call == "14":  # the causal cells on the H200: head dim 128 at 2k-16k, 64 at 4k
-        assert [_option(b, "--head-dims") for b in benches] == ["128", "64"]
         assert [_option(b, "--seqs") for b in benches] == ["2048,4096,8192,16384", "4096"]
-        assert {_option(b, "--causal") for b in benches} == {"true"}
-        peers = ("jax.nn:cudnn", "tokamax:mosaic", "jax:mosaic_fa3")
-        assert all(peer in b for b in benches for peer in peers)
-        kept = _kept(proc)
-        assert kept == ["fa-mosaic-128-true-fwd-2k-16k", "fa-mosaic-64-true-4k"]
+        _assert_renews_cells(proc, benches, "true", ["fwd-2k-16k", "4k"])
     if call == "15":  # the non-causal backward's rotated walks, two processes
         assert [_option(b, "--passes") for b in benches] == ["bwd", "bwd"]
         assert {_option(b, "--head-dims") for b in benches} == {"128"}
@@ -384,12 +379,19 @@ def test_next_calls_run_implementations_that_build(next_calls, call):
             "fa-mosaic-128-false-bwd-rotated-2",
         ]
     if call == "12":  # the persistent grid of clusters at the non-causal persistent rows
-        assert [_option(b, "--head-dims") for b in benches] == ["128", "64"]
-        assert {_option(b, "--causal") for b in benches} == {"false"}
-        peers = ("jax.nn:cudnn", "tokamax:mosaic", "jax:mosaic_fa3")
-        assert all(peer in b for b in benches for peer in peers)
-        kept = _kept(proc)
-        assert kept == ["fa-mosaic-128-false-fwd-2k-16k", "fa-mosaic-64-false-fwd-2k-8k"]
+        _assert_renews_cells(proc, benches, "false", ["fwd-2k-16k", "fwd-2k-8k"])
+
+
+def _assert_renews_cells(proc, benches, causal: str, kept: list[str]):
+    """A call that renews the H200's forward cells: head dim 128, then 64, at one causal
+    setting, each step beside the three peers (a cell counts only from a run of all of
+    them), its rows kept as fa-mosaic-HD-CAUSAL-NAME with `kept`'s names in order."""
+    assert [_option(b, "--head-dims") for b in benches] == ["128", "64"]
+    assert {_option(b, "--causal") for b in benches} == {causal}
+    peers = ("jax.nn:cudnn", "tokamax:mosaic", "jax:mosaic_fa3")
+    assert all(peer in b for b in benches for peer in peers)
+    names = [f"fa-mosaic-{h}-{causal}-{name}" for h, name in zip((128, 64), kept, strict=True)]
+    assert _kept(proc) == names
 
 
 def test_next_calls_refuse_an_unknown_call(next_calls):
